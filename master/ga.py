@@ -1,0 +1,322 @@
+"""The Deep GA as a pure ask/tell object: no I/O, no clocks, deterministic given its seed."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SEED_BOUND = 2**32
+OFFSPRING = "offspring"
+ELITE = "elite"
+
+
+@dataclass(frozen=True)
+class Genome:
+    """A policy as integers: seeds[0] builds the initial parameters, each later seed mutates."""
+
+    seeds: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.seeds:
+            raise ValueError("a genome needs at least one seed, got none")
+        for seed in self.seeds:
+            if not 0 <= seed < SEED_BOUND:
+                raise ValueError(f"genome seed {seed!r} is outside [0, 2**32)")
+
+    def child(self, seed: int) -> Genome:
+        """This genome with one more mutation."""
+        return Genome((*self.seeds, seed))
+
+
+@dataclass(frozen=True)
+class GAConfig:
+    """Hyperparameters; the defaults are the paper's Atari settings."""
+
+    population_size: int = 1000
+    """Individuals per generation, the carried-over elite included (paper: 1000)."""
+    truncation: int = 20
+    """Top individuals that become parents; 0 turns the GA into random search."""
+    mutation_power: float = 0.002
+    """Standard deviation of the Gaussian mutation (paper: 0.002)."""
+    elite_candidates: int = 10
+    """Individuals re-evaluated to choose the elite (paper: 10)."""
+    elite_episodes: int = 30
+    """Extra episodes each elite candidate plays (paper: 30)."""
+    seed: int = 0
+    """Seeds every random choice of the run."""
+
+    def __post_init__(self) -> None:
+        if self.population_size < 2:
+            raise ValueError(f"population_size must be >= 2, got {self.population_size}")
+        if not 0 <= self.truncation <= self.population_size:
+            raise ValueError(
+                f"truncation must be in [0, population_size={self.population_size}], "
+                f"got {self.truncation}"
+            )
+        if not (math.isfinite(self.mutation_power) and self.mutation_power > 0):
+            raise ValueError(f"mutation_power must be a positive number, got {self.mutation_power}")
+        if not 1 <= self.elite_candidates <= self.population_size:
+            raise ValueError(
+                f"elite_candidates must be in [1, population_size={self.population_size}], "
+                f"got {self.elite_candidates}"
+            )
+        if self.elite_episodes < 1:
+            raise ValueError(f"elite_episodes must be >= 1, got {self.elite_episodes}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+
+    @property
+    def evaluations_per_generation(self) -> int:
+        """Episodes one generation plays: N offspring plus K candidates x E episodes."""
+        return self.population_size + self.elite_candidates * self.elite_episodes
+
+
+@dataclass(frozen=True)
+class EvaluationRequest:
+    """Play `episodes` episodes with `genome`; `key` names the answer in tell()."""
+
+    key: str
+    genome: Genome
+    episodes: int
+
+
+@dataclass(frozen=True)
+class GenerationSummary:
+    """What one finished generation produced."""
+
+    generation: int
+    scores: tuple[float, ...]
+    """One-episode score of each offspring, NaN where its evaluation failed."""
+    elite: Genome | None
+    elite_score: float
+    """Mean over the elite's re-evaluation episodes (NaN if no candidate could be scored)."""
+    elite_episode_scores: tuple[float, ...]
+    evaluations: int
+
+    @property
+    def valid_scores(self) -> list[float]:
+        return [s for s in self.scores if math.isfinite(s)]
+
+    @property
+    def score_mean(self) -> float:
+        valid = self.valid_scores
+        return float(np.mean(valid)) if valid else math.nan
+
+    @property
+    def score_max(self) -> float:
+        valid = self.valid_scores
+        return max(valid) if valid else math.nan
+
+    @property
+    def failed(self) -> int:
+        return len(self.scores) - len(self.valid_scores)
+
+
+@dataclass
+class GAState:
+    """Everything the GA needs to continue; plain data so it round-trips through JSON."""
+
+    generation: int = 0
+    phase: str = OFFSPRING
+    rng_state: dict[str, Any] = field(default_factory=dict)
+    population: list[Genome] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    candidates: list[Genome] = field(default_factory=list)
+    parents: list[Genome] = field(default_factory=list)
+    elite: Genome | None = None
+    elite_score: float = math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible form (NaN scores become None)."""
+        return {
+            "generation": self.generation,
+            "phase": self.phase,
+            "rng_state": self.rng_state,
+            "population": [list(g.seeds) for g in self.population],
+            "scores": [_encode_float(s) for s in self.scores],
+            "candidates": [list(g.seeds) for g in self.candidates],
+            "parents": [list(g.seeds) for g in self.parents],
+            "elite": list(self.elite.seeds) if self.elite else None,
+            "elite_score": _encode_float(self.elite_score),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GAState:
+        """Inverse of to_dict."""
+        phase = data["phase"]
+        if phase not in (OFFSPRING, ELITE):
+            raise ValueError(f"unknown GA phase {phase!r}")
+        return cls(
+            generation=int(data["generation"]),
+            phase=phase,
+            rng_state=dict(data["rng_state"]),
+            population=[Genome(tuple(s)) for s in data["population"]],
+            scores=[_decode_float(s) for s in data["scores"]],
+            candidates=[Genome(tuple(s)) for s in data["candidates"]],
+            parents=[Genome(tuple(s)) for s in data["parents"]],
+            elite=Genome(tuple(data["elite"])) if data["elite"] is not None else None,
+            elite_score=_decode_float(data["elite_score"]),
+        )
+
+
+class GeneticAlgorithm:
+    """Truncation selection, Gaussian seed mutations, an elite chosen by re-evaluation.
+
+    One generation has two phases. OFFSPRING: every individual plays one episode (the Nth is
+    the previous elite, unmodified). ELITE: the top K (or the previous elite and the top K-1)
+    play E more episodes each; the best mean becomes the elite. Random search is truncation 0:
+    every individual is a fresh initialisation.
+    """
+
+    def __init__(self, config: GAConfig, state: GAState | None = None) -> None:
+        self.config = config
+        self._rng = np.random.Generator(np.random.PCG64(config.seed))
+        if state is None:
+            state = GAState(rng_state={})
+            state.population = [self._fresh_genome() for _ in range(config.population_size)]
+            state.rng_state = self._rng.bit_generator.state
+        else:
+            self._rng.bit_generator.state = state.rng_state
+        self.state = state
+
+    @property
+    def generation(self) -> int:
+        return self.state.generation
+
+    @property
+    def phase(self) -> str:
+        return self.state.phase
+
+    @property
+    def elite(self) -> Genome | None:
+        return self.state.elite
+
+    @property
+    def elite_score(self) -> float:
+        return self.state.elite_score
+
+    def ask(self) -> list[EvaluationRequest]:
+        """The evaluations the current phase needs; the same list until tell() is called."""
+        g = self.state.generation
+        if self.state.phase == OFFSPRING:
+            return [
+                EvaluationRequest(f"g{g}/o/{i}", genome, 1)
+                for i, genome in enumerate(self.state.population)
+            ]
+        return [
+            EvaluationRequest(f"g{g}/e/{i}", genome, self.config.elite_episodes)
+            for i, genome in enumerate(self.state.candidates)
+        ]
+
+    def tell(self, returns: Mapping[str, Sequence[float]]) -> GenerationSummary | None:
+        """Takes the episode returns of every asked key; NaN marks a failed evaluation.
+
+        Returns the generation's summary when it completes (after the ELITE phase).
+        """
+        requests = self.ask()
+        expected = {r.key for r in requests}
+        if set(returns) != expected:
+            missing = sorted(expected - set(returns))[:3]
+            extra = sorted(set(returns) - expected)[:3]
+            raise ValueError(f"tell() needs exactly the asked keys; missing {missing}, extra {extra}")
+        for r in requests:
+            if len(returns[r.key]) != r.episodes:
+                raise ValueError(
+                    f"{r.key} needs {r.episodes} episode returns, got {len(returns[r.key])}"
+                )
+        if self.state.phase == OFFSPRING:
+            self._tell_offspring([float(returns[r.key][0]) for r in requests])
+            return None
+        return self._tell_elite([[float(x) for x in returns[r.key]] for r in requests])
+
+    def _tell_offspring(self, scores: list[float]) -> None:
+        state = self.state
+        state.scores = scores
+        order = _rank(scores)
+        previous_elite = state.elite
+        if previous_elite is None:
+            picked = order[: self.config.elite_candidates]
+            candidates = [state.population[i] for i in picked]
+        else:
+            # The elite sits in the population as its last individual; it is a candidate
+            # anyway, so the top K-1 are chosen among the others.
+            others = [i for i in order if i != len(state.population) - 1]
+            candidates = [previous_elite]
+            candidates += [state.population[i] for i in others[: self.config.elite_candidates - 1]]
+        state.candidates = candidates
+        if self.config.truncation > 0:
+            parents = [state.population[i] for i in order[: self.config.truncation]]
+            # With every evaluation failed, the previous parents stay (or fresh inits).
+            state.parents = parents or state.parents
+        state.phase = ELITE
+
+    def _tell_elite(self, episode_scores: list[list[float]]) -> GenerationSummary:
+        state = self.state
+        means = [_mean_or_nan(s) for s in episode_scores]
+        order = _rank(means)
+        if order:
+            best = order[0]
+            state.elite = state.candidates[best]
+            state.elite_score = means[best]
+            elite_episodes = tuple(episode_scores[best])
+        else:
+            # No candidate could be scored: keep the previous elite, but do not claim a score.
+            state.elite_score = math.nan
+            elite_episodes = ()
+        summary = GenerationSummary(
+            generation=state.generation,
+            scores=tuple(state.scores),
+            elite=state.elite,
+            elite_score=state.elite_score,
+            elite_episode_scores=elite_episodes,
+            evaluations=len(state.scores) + sum(len(s) for s in episode_scores),
+        )
+        state.population = self._next_population()
+        state.scores = []
+        state.candidates = []
+        state.generation += 1
+        state.phase = OFFSPRING
+        state.rng_state = self._rng.bit_generator.state
+        return summary
+
+    def _next_population(self) -> list[Genome]:
+        size = self.config.population_size
+        carried = [self.state.elite] if self.state.elite is not None else []
+        children: list[Genome] = []
+        for _ in range(size - len(carried)):
+            if self.config.truncation == 0 or not self.state.parents:
+                children.append(self._fresh_genome())
+            else:
+                parent = self.state.parents[int(self._rng.integers(len(self.state.parents)))]
+                children.append(parent.child(self._draw_seed()))
+        return children + carried
+
+    def _fresh_genome(self) -> Genome:
+        return Genome((self._draw_seed(),))
+
+    def _draw_seed(self) -> int:
+        return int(self._rng.integers(SEED_BOUND, dtype=np.uint64))
+
+
+def _rank(scores: Sequence[float]) -> list[int]:
+    """Indices of the finite scores, best first; ties keep index order, NaN never appears."""
+    finite = [i for i, s in enumerate(scores) if math.isfinite(s)]
+    return sorted(finite, key=lambda i: -scores[i])
+
+
+def _mean_or_nan(values: Sequence[float]) -> float:
+    if not values or not all(math.isfinite(v) for v in values):
+        return math.nan
+    return float(np.mean(values))
+
+
+def _encode_float(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _decode_float(value: float | None) -> float:
+    return math.nan if value is None else float(value)

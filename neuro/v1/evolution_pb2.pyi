@@ -1,0 +1,223 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProtocolVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROTOCOL_VERSION_UNSPECIFIED: _ClassVar[ProtocolVersion]
+    PROTOCOL_VERSION_CURRENT: _ClassVar[ProtocolVersion]
+
+class AtariDynamics(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ATARI_DYNAMICS_UNSPECIFIED: _ClassVar[AtariDynamics]
+    ATARI_DYNAMICS_PAPER: _ClassVar[AtariDynamics]
+    ATARI_DYNAMICS_REGISTERED: _ClassVar[AtariDynamics]
+
+class ResultDisposition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESULT_DISPOSITION_UNSPECIFIED: _ClassVar[ResultDisposition]
+    RESULT_DISPOSITION_ACCEPTED: _ClassVar[ResultDisposition]
+    RESULT_DISPOSITION_DUPLICATE: _ClassVar[ResultDisposition]
+    RESULT_DISPOSITION_STALE: _ClassVar[ResultDisposition]
+PROTOCOL_VERSION_UNSPECIFIED: ProtocolVersion
+PROTOCOL_VERSION_CURRENT: ProtocolVersion
+ATARI_DYNAMICS_UNSPECIFIED: AtariDynamics
+ATARI_DYNAMICS_PAPER: AtariDynamics
+ATARI_DYNAMICS_REGISTERED: AtariDynamics
+RESULT_DISPOSITION_UNSPECIFIED: ResultDisposition
+RESULT_DISPOSITION_ACCEPTED: ResultDisposition
+RESULT_DISPOSITION_DUPLICATE: ResultDisposition
+RESULT_DISPOSITION_STALE: ResultDisposition
+
+class NoiseTableSpec(_message.Message):
+    __slots__ = ("seed", "size")
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    seed: int
+    size: int
+    def __init__(self, seed: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
+class Genome(_message.Message):
+    __slots__ = ("seeds", "mutation_power", "noise_table")
+    SEEDS_FIELD_NUMBER: _ClassVar[int]
+    MUTATION_POWER_FIELD_NUMBER: _ClassVar[int]
+    NOISE_TABLE_FIELD_NUMBER: _ClassVar[int]
+    seeds: _containers.RepeatedScalarFieldContainer[int]
+    mutation_power: float
+    noise_table: NoiseTableSpec
+    def __init__(self, seeds: _Optional[_Iterable[int]] = ..., mutation_power: _Optional[float] = ..., noise_table: _Optional[_Union[NoiseTableSpec, _Mapping]] = ...) -> None: ...
+
+class EnvSpec(_message.Message):
+    __slots__ = ("env_id", "atari_dynamics")
+    ENV_ID_FIELD_NUMBER: _ClassVar[int]
+    ATARI_DYNAMICS_FIELD_NUMBER: _ClassVar[int]
+    env_id: str
+    atari_dynamics: AtariDynamics
+    def __init__(self, env_id: _Optional[str] = ..., atari_dynamics: _Optional[_Union[AtariDynamics, str]] = ...) -> None: ...
+
+class PolicySpec(_message.Message):
+    __slots__ = ("architecture", "hidden_sizes")
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZES_FIELD_NUMBER: _ClassVar[int]
+    architecture: str
+    hidden_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, architecture: _Optional[str] = ..., hidden_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Task(_message.Message):
+    __slots__ = ("task_id", "run_id", "genome", "env", "policy", "episodes", "max_episode_steps", "env_seed", "lease_seconds")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    GENOME_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_EPISODE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ENV_SEED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    run_id: str
+    genome: Genome
+    env: EnvSpec
+    policy: PolicySpec
+    episodes: int
+    max_episode_steps: int
+    env_seed: int
+    lease_seconds: float
+    def __init__(self, task_id: _Optional[str] = ..., run_id: _Optional[str] = ..., genome: _Optional[_Union[Genome, _Mapping]] = ..., env: _Optional[_Union[EnvSpec, _Mapping]] = ..., policy: _Optional[_Union[PolicySpec, _Mapping]] = ..., episodes: _Optional[int] = ..., max_episode_steps: _Optional[int] = ..., env_seed: _Optional[int] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+
+class LeaseRequest(_message.Message):
+    __slots__ = ("protocol_version", "worker_id", "max_tasks", "unsupported_env_ids")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
+    UNSUPPORTED_ENV_IDS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    worker_id: str
+    max_tasks: int
+    unsupported_env_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., worker_id: _Optional[str] = ..., max_tasks: _Optional[int] = ..., unsupported_env_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LeaseResponse(_message.Message):
+    __slots__ = ("tasks", "retry_after_ms", "run_complete", "run_id")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    RUN_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    retry_after_ms: int
+    run_complete: bool
+    run_id: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., retry_after_ms: _Optional[int] = ..., run_complete: _Optional[bool] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class TaskResult(_message.Message):
+    __slots__ = ("task_id", "run_id", "episode_returns", "episode_frames", "frames", "error")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_RETURNS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    run_id: str
+    episode_returns: _containers.RepeatedScalarFieldContainer[float]
+    episode_frames: _containers.RepeatedScalarFieldContainer[int]
+    frames: int
+    error: str
+    def __init__(self, task_id: _Optional[str] = ..., run_id: _Optional[str] = ..., episode_returns: _Optional[_Iterable[float]] = ..., episode_frames: _Optional[_Iterable[int]] = ..., frames: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("protocol_version", "worker_id", "results")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    worker_id: str
+    results: _containers.RepeatedCompositeFieldContainer[TaskResult]
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., worker_id: _Optional[str] = ..., results: _Optional[_Iterable[_Union[TaskResult, _Mapping]]] = ...) -> None: ...
+
+class TaskAck(_message.Message):
+    __slots__ = ("task_id", "disposition")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPOSITION_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    disposition: ResultDisposition
+    def __init__(self, task_id: _Optional[str] = ..., disposition: _Optional[_Union[ResultDisposition, str]] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[TaskAck]
+    def __init__(self, acks: _Optional[_Iterable[_Union[TaskAck, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("protocol_version", "worker_id", "task_ids")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    worker_id: str
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., worker_id: _Optional[str] = ..., task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("dropped_task_ids",)
+    DROPPED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    dropped_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, dropped_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("protocol_version", "worker_id", "task_ids")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    worker_id: str
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., worker_id: _Optional[str] = ..., task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("run_id", "env_id", "generation", "phase", "frames", "evaluations", "elite_score", "elite", "tasks_pending", "tasks_leased", "tasks_done", "workers", "leases_reissued", "run_complete")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ENV_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
+    ELITE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    ELITE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    TASKS_LEASED_FIELD_NUMBER: _ClassVar[int]
+    TASKS_DONE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    LEASES_REISSUED_FIELD_NUMBER: _ClassVar[int]
+    RUN_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    env_id: str
+    generation: int
+    phase: str
+    frames: int
+    evaluations: int
+    elite_score: float
+    elite: Genome
+    tasks_pending: int
+    tasks_leased: int
+    tasks_done: int
+    workers: int
+    leases_reissued: int
+    run_complete: bool
+    def __init__(self, run_id: _Optional[str] = ..., env_id: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., frames: _Optional[int] = ..., evaluations: _Optional[int] = ..., elite_score: _Optional[float] = ..., elite: _Optional[_Union[Genome, _Mapping]] = ..., tasks_pending: _Optional[int] = ..., tasks_leased: _Optional[int] = ..., tasks_done: _Optional[int] = ..., workers: _Optional[int] = ..., leases_reissued: _Optional[int] = ..., run_complete: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,223 @@
+"""Policy networks whose parameters all live in one flat float32 buffer.
+
+The genome contract: a flat parameter vector is laid out in module registration order, layer by
+layer, weight then bias (see Policy.parameter_layout). Conv weights are (out, in, kh, kw) and
+linear weights are (out, in), both row-major, as torch stores them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ATARI_SHAPE = (4, 84, 84)
+DEFAULT_MLP_HIDDEN = (64, 64)
+ARCHITECTURES = ("deepga", "nature", "mlp")
+
+# (out_channels, kernel, stride) of the three conv layers shared by both Atari networks.
+_ATARI_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+_ATARI_HIDDEN = 512
+_HIDDEN_STD = 1.0
+_OUTPUT_STD = 0.1
+
+
+def _same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
+    """TensorFlow SAME padding (before, after); the odd pixel goes after."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+class _AtariNet(nn.Module):
+    """Conv 32 8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512, dense n_actions, ReLU."""
+
+    def __init__(self, n_actions: int, same_padding: bool) -> None:
+        super().__init__()
+        channels, size = ATARI_SHAPE[0], ATARI_SHAPE[1]
+        self.pads: list[tuple[int, int, int, int]] = []
+        convs = []
+        for out_channels, kernel, stride in _ATARI_CONVS:
+            if same_padding:
+                before, after = _same_padding(size, kernel, stride)
+                size = -(-size // stride)
+            else:
+                before = after = 0
+                size = (size - kernel) // stride + 1
+            # F.pad order is (left, right, top, bottom); the grid is square.
+            self.pads.append((before, after, before, after))
+            convs.append(nn.Conv2d(channels, out_channels, kernel, stride))
+            channels = out_channels
+        self.conv1, self.conv2, self.conv3 = convs
+        self.conv_output_shape = (channels, size, size)
+        self.fc = nn.Linear(channels * size * size, _ATARI_HIDDEN)
+        self.out = nn.Linear(_ATARI_HIDDEN, n_actions)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.float32) / 255.0
+        for conv, pad in zip((self.conv1, self.conv2, self.conv3), self.pads, strict=True):
+            if any(pad):
+                x = F.pad(x, pad)
+            x = F.relu(conv(x))
+        x = F.relu(self.fc(x.flatten(1)))
+        return self.out(x)
+
+
+class _MLP(nn.Module):
+    """Fully connected network with tanh hidden activations."""
+
+    def __init__(self, in_features: int, hidden_sizes: Sequence[int], out_features: int) -> None:
+        super().__init__()
+        sizes = [in_features, *hidden_sizes]
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(sizes))
+        self.out = nn.Linear(sizes[-1], out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.float32).flatten(1)
+        for layer in self.hidden:
+            x = torch.tanh(layer(x))
+        return self.out(x)
+
+
+def _fan_in(weight: torch.Tensor) -> int:
+    return math.prod(weight.shape[1:])
+
+
+class Policy:
+    """A network plus its action head, with parameters in one contiguous float32 buffer."""
+
+    def __init__(self, module: nn.Module, observation_shape: tuple[int, ...], action_space: Any):
+        self.module = module.eval()
+        self.observation_shape = observation_shape
+        self.action_space = action_space
+        named = list(module.named_parameters())
+        self.parameter_layout: list[tuple[str, tuple[int, ...]]] = [
+            (name, tuple(p.shape)) for name, p in named
+        ]
+        self.num_params: int = sum(p.numel() for _, p in named)
+        self._output_layer = named[-1][0].rsplit(".", 1)[0]
+        # Every nn.Parameter becomes a view into this array, so loading is a single np.copyto.
+        self._flat = np.zeros(self.num_params, dtype=np.float32)
+        buffer = torch.from_numpy(self._flat)
+        offset = 0
+        for name, p in named:
+            owner, attr = self._owner(name)
+            view = buffer[offset : offset + p.numel()].view(p.shape)
+            setattr(owner, attr, nn.Parameter(view, requires_grad=False))
+            offset += p.numel()
+        if isinstance(action_space, gym.spaces.Box):
+            self._low = action_space.low.astype(np.float32)
+            self._high = action_space.high.astype(np.float32)
+
+    def _owner(self, name: str) -> tuple[nn.Module, str]:
+        path, _, attr = name.rpartition(".")
+        return self.module.get_submodule(path), attr
+
+    @property
+    def flat_parameters(self) -> np.ndarray:
+        """Read-only view of the parameter buffer."""
+        view = self._flat.view()
+        view.flags.writeable = False
+        return view
+
+    def init_scale(self) -> np.ndarray:
+        """Per-parameter init scale: std / sqrt(fan_in) for weights, 0 for biases."""
+        scale = np.zeros(self.num_params, dtype=np.float32)
+        offset = 0
+        for name, p in self.module.named_parameters():
+            n = p.numel()
+            if name.endswith(".weight"):
+                layer = name.rsplit(".", 1)[0]
+                std = _OUTPUT_STD if layer == self._output_layer else _HIDDEN_STD
+                scale[offset : offset + n] = np.float32(std / math.sqrt(_fan_in(p)))
+            offset += n
+        return scale
+
+    def load_parameters(self, flat: np.ndarray) -> None:
+        """Copy a float32 vector of length num_params into the network."""
+        if not isinstance(flat, np.ndarray) or flat.dtype != np.float32:
+            raise ValueError(
+                f"parameters must be a float32 ndarray, got {getattr(flat, 'dtype', type(flat))}"
+            )
+        if flat.shape != (self.num_params,):
+            raise ValueError(f"parameters have shape {flat.shape}, expected ({self.num_params},)")
+        np.copyto(self._flat, flat)
+
+    def act(self, observation: np.ndarray) -> int | np.ndarray:
+        """Action for one observation: int for Discrete, array for Box."""
+        action = self.act_batch(np.asarray(observation)[None])[0]
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            return int(action)
+        return action
+
+    def act_batch(self, observations: np.ndarray) -> np.ndarray:
+        """Actions for a batch of observations (leading axis is the batch)."""
+        obs = np.asarray(observations)
+        if obs.shape[1:] != self.observation_shape:
+            raise ValueError(
+                f"observation batch shape {obs.shape} does not match {self.observation_shape}"
+            )
+        if not (obs.flags.writeable and obs.flags.c_contiguous):
+            # torch.from_numpy warns on read-only arrays (e.g. replay of a memmap).
+            obs = np.array(obs, order="C")
+        with torch.inference_mode():
+            out = self.module(torch.from_numpy(obs)).numpy()
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            # np.argmax picks the lowest index on ties.
+            return np.argmax(out, axis=1).astype(np.int64) + int(space.start)
+        squashed = (np.tanh(out) + 1.0) * 0.5
+        actions = self._low.ravel() + squashed * (self._high - self._low).ravel()
+        return actions.reshape(len(obs), *space.shape).astype(space.dtype)
+
+
+def _box_dim(space: gym.spaces.Box) -> int:
+    return math.prod(space.shape)
+
+
+def build_policy(
+    architecture: str,
+    observation_space: Any,
+    action_space: Any,
+    hidden_sizes: Sequence[int] = (),
+) -> Policy:
+    """Build the named network for these spaces with zeroed parameters."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(
+            f"unknown architecture {architecture!r}; valid: {', '.join(ARCHITECTURES)}"
+        )
+    obs_shape = tuple(getattr(observation_space, "shape", None) or ())
+    if isinstance(action_space, gym.spaces.Discrete):
+        n_out = int(action_space.n)
+    elif isinstance(action_space, gym.spaces.Box) and architecture == "mlp":
+        if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
+            raise ValueError(f"Box action space needs finite bounds, got {action_space}")
+        n_out = _box_dim(action_space)
+    else:
+        raise ValueError(f"unsupported action space {action_space} for {architecture!r}")
+
+    if architecture == "mlp":
+        if not isinstance(observation_space, gym.spaces.Box):
+            raise ValueError(f"mlp needs a Box observation space, got {observation_space}")
+        hidden = tuple(hidden_sizes) or DEFAULT_MLP_HIDDEN
+        if any(int(h) < 1 for h in hidden):
+            raise ValueError(f"hidden sizes must be >= 1, got {hidden}")
+        module: nn.Module = _MLP(_box_dim(observation_space), [int(h) for h in hidden], n_out)
+    else:
+        if obs_shape != ATARI_SHAPE:
+            raise ValueError(
+                f"{architecture!r} needs observation shape {ATARI_SHAPE}, got {obs_shape}"
+            )
+        if hidden_sizes:
+            raise ValueError(
+                f"{architecture!r} has fixed layers; hidden_sizes {hidden_sizes} given"
+            )
+        module = _AtariNet(n_out, same_padding=architecture == "deepga")
+    return Policy(module, obs_shape, action_space)
