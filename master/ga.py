@@ -222,7 +222,9 @@ class GeneticAlgorithm:
         if set(returns) != expected:
             missing = sorted(expected - set(returns))[:3]
             extra = sorted(set(returns) - expected)[:3]
-            raise ValueError(f"tell() needs exactly the asked keys; missing {missing}, extra {extra}")
+            raise ValueError(
+                f"tell() needs exactly the asked keys; missing {missing}, extra {extra}"
+            )
         for r in requests:
             if len(returns[r.key]) != r.episodes:
                 raise ValueError(

@@ -115,8 +115,9 @@ def test_a_generation_where_everything_failed_keeps_going():
 
 
 def test_random_search_has_no_selection():
-    ga = GeneticAlgorithm(GAConfig(population_size=10, truncation=0, elite_candidates=2,
-                                   elite_episodes=2, seed=1))
+    ga = GeneticAlgorithm(
+        GAConfig(population_size=10, truncation=0, elite_candidates=2, elite_episodes=2, seed=1)
+    )
     _, _, summary = play_generation(ga, last_seed_score)
     population = [r.genome for r in ga.ask()]
     assert population[-1] == summary.elite
@@ -125,8 +126,11 @@ def test_random_search_has_no_selection():
 
 def test_same_seed_same_run_and_other_seed_other_run():
     def run(seed):
-        ga = GeneticAlgorithm(GAConfig(population_size=12, truncation=3, elite_candidates=2,
-                                       elite_episodes=2, seed=seed))
+        ga = GeneticAlgorithm(
+            GAConfig(
+                population_size=12, truncation=3, elite_candidates=2, elite_episodes=2, seed=seed
+            )
+        )
         return [play_generation(ga, last_seed_score)[2] for _ in range(4)]
 
     assert run(3) == run(3)
@@ -155,9 +159,10 @@ def test_state_round_trips_through_json_and_the_run_continues_identically(stop_p
         play_generation(restored, last_seed_score)
     assert restored.state == reference.state
     assert [r.genome for r in restored.ask()] == [r.genome for r in reference.ask()]
-    assert play_generation(restored, last_seed_score)[2] == play_generation(
-        reference, last_seed_score
-    )[2]
+    assert (
+        play_generation(restored, last_seed_score)[2]
+        == play_generation(reference, last_seed_score)[2]
+    )
 
 
 def test_tell_rejects_missing_extra_and_short_answers():

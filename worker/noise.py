@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -71,6 +72,8 @@ def _write_table(spec: NoiseTableSpec, path: Path) -> None:
     fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
+        # mkstemp makes the file private; other users' workers on the host share the table.
+        os.chmod(tmp_name, 0o644)
         mm = np.memmap(tmp_name, dtype=_DTYPE, mode="w+", shape=(spec.size,))
         generate_into(spec, mm)
         mm.flush()
@@ -79,10 +82,8 @@ def _write_table(spec: NoiseTableSpec, path: Path) -> None:
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
         raise
 
 

@@ -209,7 +209,9 @@ def build_policy(
         hidden = tuple(hidden_sizes) or DEFAULT_MLP_HIDDEN
         if any(int(h) < 1 for h in hidden):
             raise ValueError(f"hidden sizes must be >= 1, got {hidden}")
-        module: nn.Module = _MLP(_box_dim(observation_space), [int(h) for h in hidden], n_out)
+        # The meta device skips allocation and default init; Policy installs real parameters.
+        with torch.device("meta"):
+            module: nn.Module = _MLP(_box_dim(observation_space), [int(h) for h in hidden], n_out)
     else:
         if obs_shape != ATARI_SHAPE:
             raise ValueError(
@@ -219,5 +221,6 @@ def build_policy(
             raise ValueError(
                 f"{architecture!r} has fixed layers; hidden_sizes {hidden_sizes} given"
             )
-        module = _AtariNet(n_out, same_padding=architecture == "deepga")
+        with torch.device("meta"):
+            module = _AtariNet(n_out, same_padding=architecture == "deepga")
     return Policy(module, obs_shape, action_space)

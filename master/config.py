@@ -1,0 +1,138 @@
+"""A run's settings, with defaults chosen by the kind of env (Atari: the paper's)."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from master.ga import GAConfig, Genome
+from master.rundir import GENOME_FORMAT
+
+ARCHITECTURES = ("deepga", "nature", "mlp")
+ATARI_DYNAMICS = ("paper", "registered")
+PAPER_NOISE_TABLE_SIZE = 250_000_000
+SMALL_NOISE_TABLE_SIZE = 2**24
+ATARI_TRAINING_EPISODE_STEPS = 5000
+
+
+@dataclass(frozen=True)
+class EnvKind:
+    """What the master knows of an env id without building it."""
+
+    env_id: str
+    atari: bool
+    reward_threshold: float | None
+
+
+def inspect_env_id(env_id: str) -> EnvKind:
+    """Resolves an id through gymnasium's registry (with ale-py's Atari ids registered)."""
+    import ale_py
+    import gymnasium
+
+    gymnasium.register_envs(ale_py)
+    try:
+        spec = gymnasium.spec(env_id)
+    except gymnasium.error.Error as error:
+        raise ValueError(f"unknown env id {env_id!r}: {error}") from None
+    atari = str(spec.entry_point).startswith("ale_py")
+    return EnvKind(env_id, atari, spec.reward_threshold)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs; recorded in the run dir's config.json."""
+
+    env_id: str
+    atari: bool
+    ga: GAConfig
+    architecture: str
+    hidden_sizes: tuple[int, ...] = ()
+    atari_dynamics: str = "paper"
+    """Atari only: "paper" (the paper's protocol) or "registered" (the env's own dynamics)."""
+    noise_table_seed: int = 123
+    noise_table_size: int = PAPER_NOISE_TABLE_SIZE
+    max_episode_steps: int = 0
+    """0: the env's own limit."""
+    generations: int | None = None
+    frames: int | None = None
+    target_score: float | None = None
+    lease_seconds: float = 60.0
+    max_task_attempts: int = 5
+    episodes_per_task: int = 1
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture {self.architecture!r} is not one of {ARCHITECTURES}")
+        if self.atari_dynamics not in ATARI_DYNAMICS:
+            raise ValueError(
+                f"atari_dynamics {self.atari_dynamics!r} is not one of {ATARI_DYNAMICS}"
+            )
+        if self.atari != (self.architecture != "mlp"):
+            kind = "an Atari" if self.atari else "a vector-observation"
+            raise ValueError(
+                f"architecture {self.architecture!r} does not fit {kind} env ({self.env_id})"
+            )
+        for name in ("generations", "frames"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.max_episode_steps < 0:
+            raise ValueError(f"max_episode_steps must be >= 0, got {self.max_episode_steps}")
+        if self.episodes_per_task < 1:
+            raise ValueError(f"episodes_per_task must be >= 1, got {self.episodes_per_task}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["hidden_sizes"] = list(self.hidden_sizes)
+        return data
+
+    def genome_document(self, genome: Genome) -> dict[str, Any]:
+        """A genome with everything needed to rebuild and replay it, as saved in JSON."""
+        return {
+            "format": GENOME_FORMAT,
+            "env_id": self.env_id,
+            "atari_dynamics": self.atari_dynamics if self.atari else None,
+            "architecture": self.architecture,
+            "hidden_sizes": list(self.hidden_sizes),
+            "noise_table": {"seed": self.noise_table_seed, "size": self.noise_table_size},
+            "mutation_power": self.ga.mutation_power,
+            "max_episode_steps": self.max_episode_steps,
+            "seeds": list(genome.seeds),
+        }
+
+
+def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
+    """Defaults for this kind of env, with the user's explicit settings on top.
+
+    Atari gets the paper's settings. Vector-observation envs get a small, fast GA whose elite
+    is still judged over 30 episodes, so "solved" means what the env's threshold means.
+    """
+    ga_fields = {f.name for f in dataclasses.fields(GAConfig)}
+    ga_overrides = {k: overrides.pop(k) for k in list(overrides) if k in ga_fields}
+    if kind.atari:
+        ga = GAConfig(**ga_overrides)
+        base: dict[str, Any] = {
+            "architecture": "deepga",
+            "noise_table_size": PAPER_NOISE_TABLE_SIZE,
+            "max_episode_steps": ATARI_TRAINING_EPISODE_STEPS,
+        }
+    else:
+        ga_defaults = {
+            "population_size": 100,
+            "truncation": 10,
+            "mutation_power": 0.05,
+            "elite_candidates": 3,
+            "elite_episodes": 30,
+        }
+        ga = GAConfig(**{**ga_defaults, **ga_overrides})
+        base = {
+            "architecture": "mlp",
+            "hidden_sizes": (64, 64),
+            "noise_table_size": SMALL_NOISE_TABLE_SIZE,
+            "target_score": kind.reward_threshold,
+        }
+    settings = {**base, **{k: v for k, v in overrides.items() if v is not None}}
+    return RunConfig(env_id=kind.env_id, atari=kind.atari, ga=ga, **settings)

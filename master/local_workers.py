@@ -1,0 +1,78 @@
+"""Worker processes on this machine, talking to the master through the same gRPC path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+
+log = logging.getLogger(__name__)
+
+
+class LocalWorkers:
+    """Starts `count` `python -m worker` processes and stops them with the run."""
+
+    def __init__(self, address: str, count: int, extra_args: tuple[str, ...] = ()) -> None:
+        if count < 0:
+            raise ValueError(f"local worker count must be >= 0, got {count}")
+        self.address = address
+        self.count = count
+        self.extra_args = extra_args
+        self.processes: list[subprocess.Popen] = []
+
+    def __repr__(self) -> str:
+        alive = sum(p.poll() is None for p in self.processes)
+        return f"LocalWorkers(address={self.address!r}, alive={alive}/{self.count})"
+
+    def start(self) -> None:
+        if self.count and not _worker_installed():
+            raise RuntimeError(
+                "--local-workers needs the worker installed: pip install 'neuro[worker]'"
+            )
+        # One torch thread per worker process: W workers on W cores, no oversubscription.
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        for index in range(self.count):
+            command = [
+                sys.executable, "-m", "worker", "--master", self.address,
+                "--worker-id", f"local-{os.getpid()}-{index}", *self.extra_args,
+            ]  # fmt: skip
+            self.processes.append(subprocess.Popen(command, env=env))
+
+    async def watch(self, training: asyncio.Future) -> None:
+        """Stops the run if every local worker died, instead of waiting forever."""
+        if not self.processes:
+            return
+        while not training.done():
+            await asyncio.sleep(1.0)
+            if all(p.poll() not in (None, 0) for p in self.processes):
+                codes = [p.returncode for p in self.processes]
+                log.error("every local worker exited (codes %s); stopping the run", codes)
+                print(f"neuro master: every local worker exited (codes {codes})", file=sys.stderr)
+                training.cancel()
+                return
+
+    async def stop(self, timeout: float) -> None:
+        """Waits for workers to leave on their own, then SIGTERM, then SIGKILL."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        for signal_them in (None, "terminate", "kill"):
+            if signal_them:
+                for p in self.processes:
+                    if p.poll() is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            getattr(p, signal_them)()
+                deadline = asyncio.get_running_loop().time() + timeout
+            while any(p.poll() is None for p in self.processes):
+                if asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                return
+
+
+def _worker_installed() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("worker", "torch"))

@@ -1,0 +1,93 @@
+"""The run directory: config.json, metrics.jsonl (one line per generation), best_genome.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GENOME_FORMAT = "neuro.genome/1"
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """One line of metrics.jsonl."""
+
+    generation: int
+    frames: int
+    """Cumulative emulator frames, training and elite re-evaluation episodes alike."""
+    evaluations: int
+    """Cumulative episodes recorded."""
+    wall_s: float
+    score_mean: float
+    score_max: float
+    elite_score: float
+    elite_seeds: list[int]
+    generation_evaluations: int
+    generation_frames: int
+    failed_evaluations: int
+    leases_reissued: int
+
+    def to_json(self) -> str:
+        return json.dumps({k: _finite_or_none(v) for k, v in self.__dict__.items()})
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Writes via a temp file, fsync and rename, so a crash leaves the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunDirectory:
+    """Writes what a run produces; the training loop calls it, the GA never does."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.config_path = self.path / "config.json"
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.best_genome_path = self.path / "best_genome.json"
+        self.elite_genome_path = self.path / "elite_genome.json"
+        self._best_score = -math.inf
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        write_json_atomic(self.config_path, config)
+
+    def append_metrics(self, record: GenerationRecord) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(record.to_json() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def save_elite(self, genome_document: dict[str, Any], score: float) -> None:
+        """Keeps the latest elite, and the best one so far by re-evaluated score."""
+        write_json_atomic(self.elite_genome_path, genome_document)
+        if math.isfinite(score) and score > self._best_score:
+            self._best_score = score
+            write_json_atomic(self.best_genome_path, genome_document)
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file (None where a value was NaN)."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,147 @@
+"""Builds and runs the master: gRPC server, health service, fleet, trainer, local workers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from master.config import RunConfig
+from master.fleet import Fleet, FleetSettings
+from master.ga import GeneticAlgorithm
+from master.local_workers import LocalWorkers
+from master.rundir import GenerationRecord, RunDirectory
+from master.service import EvolutionService, TaskTemplate
+from master.training import Budget, Trainer
+from neuro.v1 import evolution_pb2 as pb
+from neuro.v1 import evolution_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "neuro.v1.Evolution"
+SHUTDOWN_GRACE_S = 5.0
+
+
+@dataclass
+class Master:
+    """A running master: its server, the port it bound and the trainer it serves."""
+
+    server: grpc.aio.Server
+    port: int
+    trainer: Trainer
+    health: health.aio.HealthServicer
+
+    async def stop(self, grace: float = SHUTDOWN_GRACE_S) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+def task_template(config: RunConfig) -> TaskTemplate:
+    dynamics = {
+        "paper": pb.ATARI_DYNAMICS_PAPER,
+        "registered": pb.ATARI_DYNAMICS_REGISTERED,
+    }[config.atari_dynamics]
+    return TaskTemplate(
+        run_id=config.run_id,
+        env=pb.EnvSpec(env_id=config.env_id, atari_dynamics=dynamics if config.atari else 0),
+        policy=pb.PolicySpec(architecture=config.architecture, hidden_sizes=config.hidden_sizes),
+        noise_table=pb.NoiseTableSpec(seed=config.noise_table_seed, size=config.noise_table_size),
+        mutation_power=config.ga.mutation_power,
+        max_episode_steps=config.max_episode_steps,
+        lease_seconds=config.lease_seconds,
+    )
+
+
+async def start_master(
+    config: RunConfig,
+    run_dir: Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    out: TextIO | None = sys.stdout,
+) -> Master:
+    """Binds the server (port 0 picks a free one) and prepares the trainer; does not train."""
+    fleet = Fleet(
+        FleetSettings(
+            run_id=config.run_id,
+            run_seed=config.ga.seed,
+            lease_seconds=config.lease_seconds,
+            max_attempts=config.max_task_attempts,
+            episodes_per_task=config.episodes_per_task,
+        )
+    )
+    directory = RunDirectory(run_dir)
+    directory.write_config(config.to_dict())
+    trainer = Trainer(
+        GeneticAlgorithm(config.ga),
+        fleet,
+        Budget(config.generations, config.frames, config.target_score),
+        directory,
+        config.genome_document,
+        config.env_id,
+        out=out,
+    )
+    server = grpc.aio.server()
+    pb_grpc.add_EvolutionServicer_to_server(
+        EvolutionService(fleet, task_template(config), trainer.status), server
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not listen on {host}:{port}")
+    await server.start()
+    for name in (SERVICE_NAME, ""):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return Master(server, bound, trainer, health_servicer)
+
+
+async def run_master(
+    config: RunConfig,
+    run_dir: Path,
+    host: str,
+    port: int,
+    local_workers: int = 0,
+    worker_args: tuple[str, ...] = (),
+    out: TextIO | None = sys.stdout,
+) -> list[GenerationRecord]:
+    """Serves and trains until the budget is spent or SIGINT/SIGTERM arrives."""
+    master = await start_master(config, run_dir, host, port, out)
+    connect_host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+    workers = LocalWorkers(f"{connect_host}:{master.port}", local_workers, worker_args)
+    if out is not None:
+        print(
+            f"neuro master: run {config.run_id} on {config.env_id}, port {master.port}, "
+            f"run dir {run_dir}",
+            file=out,
+            flush=True,
+        )
+    training = asyncio.ensure_future(master.trainer.run())
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, training.cancel)
+    try:
+        workers.start()
+        watchdog = asyncio.ensure_future(workers.watch(training))
+        try:
+            return await training
+        except asyncio.CancelledError:
+            if out is not None:
+                print("neuro master: stopping", file=out, flush=True)
+            return master.trainer.records
+        finally:
+            watchdog.cancel()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)
+        # Let local workers see run_complete and leave on their own before the server goes.
+        await workers.stop(timeout=SHUTDOWN_GRACE_S)
+        await master.stop()

@@ -1,0 +1,157 @@
+"""The master's loop: ask the GA -> evaluate on the fleet -> tell; observers record the rest."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from master.fleet import Fleet
+from master.ga import GenerationSummary, GeneticAlgorithm, Genome
+from master.rundir import GenerationRecord, RunDirectory
+from neuro.v1 import evolution_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When to stop: after `generations`, once `frames` are spent, or at `target_score`."""
+
+    generations: int | None = None
+    frames: int | None = None
+    target_score: float | None = None
+
+    def exhausted(self, generation: int, frames: int, elite_score: float) -> bool:
+        if self.generations is not None and generation >= self.generations:
+            return True
+        if self.frames is not None and frames >= self.frames:
+            return True
+        return (
+            self.target_score is not None
+            and math.isfinite(elite_score)
+            and elite_score >= self.target_score
+        )
+
+
+class Trainer:
+    """Drives one run. The GA stays pure; this class owns counters, clocks and the run dir."""
+
+    def __init__(
+        self,
+        ga: GeneticAlgorithm,
+        fleet: Fleet,
+        budget: Budget,
+        run_dir: RunDirectory,
+        genome_document: Callable[[Genome], dict[str, Any]],
+        env_id: str,
+        out: TextIO | None = sys.stdout,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ga = ga
+        self.fleet = fleet
+        self.budget = budget
+        self.run_dir = run_dir
+        self.genome_document = genome_document
+        self.env_id = env_id
+        self.out = out
+        self.clock = clock
+        self.frames = 0
+        self.evaluations = 0
+        self.records: list[GenerationRecord] = []
+        self._started = clock()
+
+    async def run(self) -> list[GenerationRecord]:
+        """Trains until the budget is spent; returns every generation's record."""
+        try:
+            while not self.budget.exhausted(self.ga.generation, self.frames, self.ga.elite_score):
+                await self._generation()
+        finally:
+            self.fleet.run_complete = True
+        return self.records
+
+    async def _generation(self) -> None:
+        frames_before, evaluations_before = self.frames, self.evaluations
+        reissued_before = self.fleet.counters().reissued
+        summary = None
+        while summary is None:
+            outcome = await self.fleet.evaluate(self.ga.ask())
+            self.frames += outcome.frames
+            self.evaluations += outcome.episodes
+            summary = self.ga.tell(outcome.returns)
+        record = self._record(
+            summary,
+            self.frames - frames_before,
+            self.evaluations - evaluations_before,
+            self.fleet.counters().reissued - reissued_before,
+        )
+        self.records.append(record)
+        self.run_dir.append_metrics(record)
+        if summary.elite is not None:
+            document = self.genome_document(summary.elite)
+            document.update(
+                generation=summary.generation, elite_score=_json_float(summary.elite_score)
+            )
+            self.run_dir.save_elite(document, summary.elite_score)
+        if self.out is not None:
+            print(progress_line(record, self.fleet.workers_connected()), file=self.out, flush=True)
+
+    def _record(
+        self, summary: GenerationSummary, frames: int, evaluations: int, reissued: int
+    ) -> GenerationRecord:
+        if evaluations != summary.evaluations:
+            raise AssertionError(
+                f"fleet played {evaluations} episodes, GA counted {summary.evaluations}"
+            )
+        return GenerationRecord(
+            generation=summary.generation,
+            frames=self.frames,
+            evaluations=self.evaluations,
+            wall_s=round(self.clock() - self._started, 3),
+            score_mean=summary.score_mean,
+            score_max=summary.score_max,
+            elite_score=summary.elite_score,
+            elite_seeds=list(summary.elite.seeds) if summary.elite else [],
+            generation_evaluations=evaluations,
+            generation_frames=frames,
+            failed_evaluations=summary.failed,
+            leases_reissued=reissued,
+        )
+
+    def status(self) -> pb.StatusResponse:
+        """What `Status` answers: where the run stands right now."""
+        counters = self.fleet.counters()
+        elite = self.ga.elite
+        response = pb.StatusResponse(
+            run_id=self.fleet.settings.run_id,
+            env_id=self.env_id,
+            generation=self.ga.generation,
+            phase=self.ga.phase,
+            frames=self.frames,
+            evaluations=self.evaluations,
+            elite_score=self.ga.elite_score,
+            tasks_pending=counters.pending,
+            tasks_leased=counters.leased,
+            tasks_done=counters.done,
+            workers=self.fleet.workers_connected(),
+            leases_reissued=counters.reissued,
+            run_complete=self.fleet.run_complete,
+        )
+        if elite is not None:
+            response.elite.seeds.extend(elite.seeds)
+        return response
+
+
+def progress_line(record: GenerationRecord, workers: int) -> str:
+    """One readable line per generation."""
+    return (
+        f"gen {record.generation:4d} | frames {record.frames:>12,} | "
+        f"evals {record.evaluations:>9,} | "
+        f"score mean {record.score_mean:8.1f} max {record.score_max:8.1f} | "
+        f"elite {record.elite_score:8.1f} | {record.wall_s:8.1f}s | workers {workers}"
+    )
+
+
+def _json_float(value: float) -> float | None:
+    return value if math.isfinite(value) else None

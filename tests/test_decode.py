@@ -1,0 +1,127 @@
+"""Tests for genome decoding and the parent cache."""
+
+from __future__ import annotations
+
+import hashlib
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from worker.decode import GenomeDecoder, decode_genome
+from worker.noise import NoiseTableSpec, load_noise_table, noise_offset
+from worker.policies import build_policy
+
+SEEDS = [4070460811, 2393459932, 3391677529, 3126527182]
+SIGMA = 0.002
+
+# Golden digests of decoded parameters. Changing them breaks every saved genome: the same seeds
+# would decode to different networks.
+GOLDEN_MLP_CARTPOLE = "dabf6f75abbb1bf984ddad5ede4c21d80113b9ea4e297eaa79209939ab6c2aba"
+GOLDEN_NATURE_18 = "a17398b8334c4704eeb4db4138b8d8c2a2d5a51686657dd0455fd9bcb0ae2476"
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory) -> np.ndarray:
+    return load_noise_table(NoiseTableSpec(seed=123, size=2**22), tmp_path_factory.mktemp("noise"))
+
+
+@pytest.fixture(scope="module")
+def mlp_scale() -> np.ndarray:
+    obs = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    return build_policy("mlp", obs, gym.spaces.Discrete(2)).init_scale()
+
+
+def _sha(theta: np.ndarray) -> str:
+    return hashlib.sha256(theta.tobytes()).hexdigest()
+
+
+def test_golden_mlp_cartpole(table, mlp_scale):
+    theta = GenomeDecoder(table, mlp_scale, SIGMA).decode(SEEDS)
+    assert theta.dtype == np.float32 and theta.shape == (4610,)
+    assert _sha(theta) == GOLDEN_MLP_CARTPOLE
+
+
+def test_golden_nature(table):
+    obs = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    scale = build_policy("nature", obs, gym.spaces.Discrete(18)).init_scale()
+    assert _sha(decode_genome(table, scale, SIGMA, SEEDS)) == GOLDEN_NATURE_18
+
+
+def test_decode_matches_definition(table, mlp_scale):
+    n = mlp_scale.size
+    offsets = [noise_offset(s, n, table.size) for s in SEEDS]
+    expected = table[offsets[0] : offsets[0] + n] * mlp_scale
+    for o in offsets[1:]:
+        expected = expected + np.float32(SIGMA) * table[o : o + n]
+    assert expected.dtype == np.float32
+    assert decode_genome(table, mlp_scale, SIGMA, SEEDS).tobytes() == expected.tobytes()
+
+
+def test_parent_path_is_bit_identical_to_cold(table, mlp_scale):
+    decoder = GenomeDecoder(table, mlp_scale, SIGMA)
+    rng = np.random.default_rng(0)
+    genome = [int(rng.integers(2**32))]
+    decoder.decode(genome)
+    for _ in range(20):
+        genome.append(int(rng.integers(2**32)))
+        warm = decoder.decode(genome)
+        cold = decode_genome(table, mlp_scale, SIGMA, genome)
+        assert warm.tobytes() == cold.tobytes()
+    assert decoder.stats.parent_hits == 20
+    assert decoder.stats.cold == 1
+    assert decoder.decode(genome) is warm
+    assert decoder.stats.hits == 1
+
+
+def test_decoded_vectors_are_read_only(table, mlp_scale):
+    decoder = GenomeDecoder(table, mlp_scale, SIGMA)
+    parent = decoder.decode(SEEDS[:1])
+    child = decoder.decode(SEEDS[:2])
+    assert not parent.flags.writeable and not child.flags.writeable
+    assert not np.shares_memory(parent, child)
+
+
+def test_lru_eviction_respects_cache_bytes(table, mlp_scale):
+    entry = mlp_scale.nbytes
+    decoder = GenomeDecoder(table, mlp_scale, SIGMA, cache_bytes=3 * entry)
+    for seed in range(4):
+        decoder.decode([seed])
+    assert len(decoder) == 3 and [0] not in decoder
+    decoder.decode([1])  # touch: [2] becomes least recently used
+    decoder.decode([4])
+    assert [2] not in decoder and [1] in decoder and [3] in decoder and [4] in decoder
+    assert decoder.stats.cold == 5 and decoder.stats.hits == 1
+
+
+def test_cache_keeps_at_least_one_entry(table, mlp_scale):
+    decoder = GenomeDecoder(table, mlp_scale, SIGMA, cache_bytes=0)
+    decoder.decode([7])
+    decoder.decode([7, 8])
+    assert len(decoder) == 1 and [7, 8] in decoder
+    assert decoder.stats.parent_hits == 1
+
+
+def test_validation_errors(table, mlp_scale):
+    decoder = GenomeDecoder(table, mlp_scale, SIGMA)
+    with pytest.raises(ValueError, match=r"\[\]"):
+        decoder.decode([])
+    with pytest.raises(ValueError, match=str(2**32)):
+        decoder.decode([1, 2**32])
+    with pytest.raises(ValueError, match="-3"):
+        decoder.decode([-3])
+    for bad in (float("nan"), float("inf"), -0.1):
+        with pytest.raises(ValueError, match=str(bad)):
+            GenomeDecoder(table, mlp_scale, bad)
+        with pytest.raises(ValueError, match=str(bad)):
+            decode_genome(table, mlp_scale, bad, [1])
+    with pytest.raises(ValueError, match="float64"):
+        decode_genome(table, mlp_scale.astype(np.float64), SIGMA, [1])
+    with pytest.raises(ValueError, match=str(table.size + 1)):
+        decode_genome(table, np.ones(table.size + 1, np.float32), SIGMA, [1])
+
+
+def test_zero_mutation_power_keeps_init(table, mlp_scale):
+    base = decode_genome(table, mlp_scale, 0.0, [5])
+    # Compared by value: adding +0.0 turns the -0.0 biases into +0.0.
+    np.testing.assert_array_equal(decode_genome(table, mlp_scale, 0.0, [5, 6, 7]), base)

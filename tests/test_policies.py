@@ -1,0 +1,184 @@
+"""Tests for the policy networks and their flat parameter buffer."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from worker.policies import build_policy
+
+ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+
+
+def _atari(arch: str, n_actions: int = 18):
+    return build_policy(arch, ATARI_OBS, gym.spaces.Discrete(n_actions))
+
+
+def _random_params(policy, seed: int = 0, scale: float = 0.05) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(policy.num_params) * scale).astype(np.float32)
+
+
+def _conv_shapes(policy, obs: np.ndarray) -> list[tuple[int, ...]]:
+    net = policy.module
+    x = torch.from_numpy(obs[None]).float() / 255.0
+    shapes = []
+    with torch.inference_mode():
+        for conv, pad in zip((net.conv1, net.conv2, net.conv3), net.pads, strict=True):
+            x = F.relu(conv(F.pad(x, pad)))
+            shapes.append(tuple(x.shape[1:]))
+    return shapes
+
+
+@pytest.mark.parametrize(("arch", "count"), [("deepga", 4_052_658), ("nature", 1_693_362)])
+def test_atari_parameter_counts(arch, count):
+    policy = _atari(arch)
+    assert policy.num_params == count
+    assert sum(math.prod(shape) for _, shape in policy.parameter_layout) == count
+
+
+@pytest.mark.parametrize(
+    ("arch", "shapes"),
+    [
+        ("deepga", [(32, 21, 21), (64, 11, 11), (64, 11, 11)]),
+        ("nature", [(32, 20, 20), (64, 9, 9), (64, 7, 7)]),
+    ],
+)
+def test_conv_output_shapes(arch, shapes):
+    policy = _atari(arch)
+    assert _conv_shapes(policy, np.zeros((4, 84, 84), np.uint8)) == shapes
+    assert policy.module.conv_output_shape == shapes[-1]
+
+
+def test_deepga_same_padding_puts_extra_pixel_after():
+    # TF SAME: conv2 on 21x21 with k=4, s=2 pads 1 before and 2 after.
+    assert _atari("deepga").module.pads == [(2, 2, 2, 2), (1, 2, 1, 2), (1, 1, 1, 1)]
+
+
+def test_parameter_layout_order():
+    names = [name for name, _ in _atari("nature").parameter_layout]
+    assert names == [
+        "conv1.weight",
+        "conv1.bias",
+        "conv2.weight",
+        "conv2.bias",
+        "conv3.weight",
+        "conv3.bias",
+        "fc.weight",
+        "fc.bias",
+        "out.weight",
+        "out.bias",
+    ]
+    mlp = build_policy("mlp", CARTPOLE_OBS, gym.spaces.Discrete(2))
+    assert mlp.parameter_layout == [
+        ("hidden.0.weight", (64, 4)),
+        ("hidden.0.bias", (64,)),
+        ("hidden.1.weight", (64, 64)),
+        ("hidden.1.bias", (64,)),
+        ("out.weight", (2, 64)),
+        ("out.bias", (2,)),
+    ]
+
+
+def test_load_parameters_shares_one_buffer():
+    policy = build_policy("mlp", CARTPOLE_OBS, gym.spaces.Discrete(2), hidden_sizes=(8, 8))
+    params = [p for _, p in policy.module.named_parameters()]
+    flat = _random_params(policy)
+    policy.load_parameters(flat)
+    joined = torch.cat([p.detach().reshape(-1) for p in params]).numpy()
+    np.testing.assert_array_equal(joined, flat)
+    # The same Parameter objects see a second load: they are views, not copies.
+    policy.load_parameters(flat * np.float32(2))
+    np.testing.assert_array_equal(params[0].detach().numpy().ravel(), flat[:32] * 2)
+    assert all(not p.requires_grad for p in params)
+    assert policy.flat_parameters.ctypes.data == params[0].data_ptr()
+    assert not policy.flat_parameters.flags.writeable
+
+
+def test_load_parameters_validation():
+    policy = build_policy("mlp", CARTPOLE_OBS, gym.spaces.Discrete(2))
+    with pytest.raises(ValueError, match="float64"):
+        policy.load_parameters(np.zeros(policy.num_params))
+    with pytest.raises(ValueError, match="4609"):
+        policy.load_parameters(np.zeros(policy.num_params - 1, np.float32))
+
+
+def test_init_scale_values():
+    policy = _atari("nature")
+    scale = policy.init_scale()
+    assert scale.dtype == np.float32 and scale.shape == (policy.num_params,)
+    conv1_w = 32 * 4 * 8 * 8
+    assert np.all(scale[:conv1_w] == np.float32(1.0 / math.sqrt(4 * 8 * 8)))
+    assert np.all(scale[conv1_w : conv1_w + 32] == 0.0)
+    fc_start = policy.num_params - (3136 * 512 + 512) - (512 * 18 + 18)
+    assert scale[fc_start] == np.float32(1.0 / math.sqrt(3136))
+    out_w = slice(policy.num_params - (512 * 18 + 18), policy.num_params - 18)
+    assert np.all(scale[out_w] == np.float32(0.1 / math.sqrt(512)))
+    assert np.all(scale[-18:] == 0.0)
+
+
+def test_atari_act_is_valid_and_deterministic():
+    policy = _atari("deepga")
+    policy.load_parameters(_random_params(policy))
+    rng = np.random.default_rng(1)
+    obs = rng.integers(0, 256, (3, 4, 84, 84), dtype=np.uint8)
+    action = policy.act(obs[0])
+    assert isinstance(action, int) and 0 <= action < 18
+    assert policy.act(obs[0]) == action
+    batch = policy.act_batch(obs)
+    assert batch.shape == (3,) and batch[0] == action
+
+
+def test_discrete_ties_pick_lowest_index():
+    policy = build_policy("mlp", CARTPOLE_OBS, gym.spaces.Discrete(3))
+    # All-zero weights give equal outputs for every action.
+    assert policy.act(np.ones(4, np.float32)) == 0
+    start = build_policy("mlp", CARTPOLE_OBS, gym.spaces.Discrete(3, start=5))
+    assert start.act(np.ones(4, np.float32)) == 5
+
+
+def test_box_actions_are_in_bounds():
+    action_space = gym.spaces.Box(
+        np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32), dtype=np.float32
+    )
+    policy = build_policy("mlp", gym.spaces.Box(-1, 1, (3,)), action_space, hidden_sizes=(16,))
+    policy.load_parameters(_random_params(policy, scale=3.0))
+    obs = np.random.default_rng(2).standard_normal((64, 3)).astype(np.float32)
+    actions = policy.act_batch(obs)
+    assert actions.shape == (64, 2) and actions.dtype == np.float32
+    assert np.all(actions >= action_space.low) and np.all(actions <= action_space.high)
+    single = policy.act(obs[0])
+    assert single.shape == (2,) and action_space.contains(single)
+    # Zero parameters map to the middle of the box.
+    policy.load_parameters(np.zeros(policy.num_params, np.float32))
+    np.testing.assert_allclose(policy.act(obs[0]), [0.0, 0.5])
+
+
+def test_mlp_default_hidden_sizes():
+    policy = build_policy("mlp", CARTPOLE_OBS, gym.spaces.Discrete(2))
+    assert policy.num_params == (4 * 64 + 64) + (64 * 64 + 64) + (64 * 2 + 2)
+
+
+def test_unknown_architecture_lists_valid_ones():
+    with pytest.raises(ValueError, match=r"'resnet'.*deepga, nature, mlp"):
+        build_policy("resnet", ATARI_OBS, gym.spaces.Discrete(18))
+
+
+def test_atari_requires_stacked_frames():
+    with pytest.raises(ValueError, match=r"\(84, 84, 4\)"):
+        build_policy(
+            "nature", gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), gym.spaces.Discrete(4)
+        )
+
+
+def test_unsupported_action_spaces():
+    with pytest.raises(ValueError, match="MultiDiscrete"):
+        build_policy("mlp", CARTPOLE_OBS, gym.spaces.MultiDiscrete([2, 2]))
+    with pytest.raises(ValueError, match="Box"):
+        build_policy("deepga", ATARI_OBS, gym.spaces.Box(-1, 1, (2,)))

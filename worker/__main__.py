@@ -1,0 +1,5 @@
+import sys
+
+from worker.cli import worker_main
+
+sys.exit(worker_main())

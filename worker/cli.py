@@ -1,0 +1,103 @@
+"""neuro-worker (join a master and work) and neuro-eval (replay a saved genome)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import uuid
+
+DEFAULT_MASTER = "127.0.0.1:8080"
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="neuro-worker", description="Lease evaluation tasks from a neuro master and run them."
+    )
+    parser.add_argument(
+        "--master",
+        default=os.environ.get("NEURO_MASTER", DEFAULT_MASTER),
+        help="master address host:port (env NEURO_MASTER; default %(default)s)",
+    )
+    parser.add_argument("--worker-id", default=None, help="default: hostname-pid-random")
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=1,
+        help="tasks to hold beyond the running one, so no round trip idles it",
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="intra-op threads per worker; run one worker per core (default 1)",
+    )
+    parser.add_argument(
+        "--noise-cache",
+        default=None,
+        help="noise table cache dir (env NEURO_CACHE_DIR; default ~/.cache/neuro)",
+    )
+    parser.add_argument(
+        "--decode-cache-mb",
+        type=int,
+        default=512,
+        help="memory for recently decoded parameter vectors (parents)",
+    )
+    parser.add_argument(
+        "--give-up-after",
+        type=float,
+        default=0.0,
+        help="exit after the master is unreachable this many seconds (0: never)",
+    )
+    parser.add_argument("--log-level", default=os.environ.get("NEURO_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    if args.prefetch < 0:
+        parser.error(f"--prefetch must be >= 0, got {args.prefetch}")
+    if args.torch_threads < 1:
+        parser.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s worker %(message)s"
+    )
+    import torch
+
+    from worker.client import WorkerClient
+    from worker.evaluator import Evaluator
+
+    torch.set_num_threads(args.torch_threads)
+    worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    client = WorkerClient(
+        args.master,
+        worker_id,
+        Evaluator(args.noise_cache, args.decode_cache_mb * 2**20),
+        prefetch=args.prefetch,
+        give_up_after_s=args.give_up_after,
+    )
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: client.stop())
+    logging.info("worker %s joining master %s", worker_id, args.master)
+    code = client.run()
+    logging.info("worker %s done: %s", worker_id, client.counters)
+    return code
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="neuro-eval", description="Replay a saved genome and print its score statistics."
+    )
+    parser.add_argument("genome", help="a genome JSON file (e.g. RUN_DIR/best_genome.json)")
+    parser.add_argument("--episodes", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the first episode's reset")
+    args = parser.parse_args(argv)
+    from worker.evaluator import mean_and_spread
+    from worker.replay import evaluate_policy
+
+    try:
+        scores = evaluate_policy(args.genome, episodes=args.episodes, env_seed=args.seed)
+    except ValueError as error:
+        print(f"neuro-eval: {error}", file=sys.stderr)
+        return 2
+    print(f"{args.genome}: {mean_and_spread(scores)}")
+    return 0

@@ -1,0 +1,329 @@
+"""The worker's loop: lease tasks, run them, report; heartbeat while running; hand back on stop.
+
+Two threads: the main thread plays episodes (torch and ALE release the GIL), a link thread
+talks to the master (lease ahead, report, heartbeat, reconnect with backoff). Nothing of the
+run lives here, so a worker can be killed at any moment and the master re-issues its tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+
+from neuro.v1 import evolution_pb2 as pb
+from neuro.v1 import evolution_pb2_grpc as pb_grpc
+from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator
+from worker.noise import NoiseTableSpec
+from worker.rollout import EpisodeInterrupted
+
+log = logging.getLogger(__name__)
+CALL_TIMEOUT_S = 10.0
+MAX_BACKOFF_S = 5.0
+_DYNAMICS = {pb.ATARI_DYNAMICS_REGISTERED: "registered"}
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}  # fmt: skip
+
+
+class MasterRefused(Exception):
+    """The master answered with an error that retrying cannot fix (e.g. protocol version)."""
+
+
+def spec_from_task(task: pb.Task) -> EvaluationSpec:
+    """Wire task -> plain evaluation spec."""
+    genome = task.genome
+    return EvaluationSpec(
+        env_id=task.env.env_id,
+        seeds=tuple(genome.seeds),
+        mutation_power=genome.mutation_power,
+        noise_table=NoiseTableSpec(genome.noise_table.seed, genome.noise_table.size),
+        architecture=task.policy.architecture,
+        hidden_sizes=tuple(task.policy.hidden_sizes),
+        atari_dynamics=_DYNAMICS.get(task.env.atari_dynamics, "paper"),
+        episodes=task.episodes,
+        max_episode_steps=task.max_episode_steps,
+        env_seed=task.env_seed,
+    )
+
+
+@dataclass
+class WorkerCounters:
+    tasks_done: int = 0
+    tasks_failed: int = 0
+    tasks_dropped: int = 0
+    frames: int = 0
+    reconnects: int = 0
+
+
+@dataclass
+class _Shared:
+    inbox: deque = field(default_factory=deque)
+    outbox: list = field(default_factory=list)
+    current: pb.Task | None = None
+    abandoned: list = field(default_factory=list)
+    run_complete: bool = False
+    fatal: str | None = None
+
+
+class WorkerClient:
+    """Connects to a master and works until the run completes or stop() is called."""
+
+    def __init__(
+        self,
+        address: str,
+        worker_id: str,
+        evaluator: Evaluator,
+        prefetch: int = 1,
+        give_up_after_s: float = 0.0,
+    ) -> None:
+        self.address = address
+        self.worker_id = worker_id
+        self.evaluator = evaluator
+        self.prefetch = prefetch
+        self.give_up_after_s = give_up_after_s
+        self.counters = WorkerCounters()
+        self._stop = threading.Event()
+        self._cancel_current = threading.Event()
+        self._wake = threading.Condition()
+        self._shared = _Shared()
+        self._unsupported_envs: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"WorkerClient({self.worker_id!r} -> {self.address}, {self.counters})"
+
+    def stop(self) -> None:
+        """Stop leasing, abandon the running episode, hand everything back, exit. Signal-safe."""
+        self._stop.set()
+
+    def run(self) -> int:
+        """Works until done; returns a process exit code."""
+        link = threading.Thread(target=self._link_loop, name="master-link", daemon=True)
+        link.start()
+        try:
+            self._work_loop()
+        finally:
+            self._stop.set()
+            with self._wake:
+                self._wake.notify_all()
+            link.join(timeout=CALL_TIMEOUT_S * 2)
+        if self._shared.fatal:
+            log.error("worker %s stopped: %s", self.worker_id, self._shared.fatal)
+            return 2
+        return 0
+
+    # -- main thread: episodes -------------------------------------------------------------
+
+    def _work_loop(self) -> None:
+        shared = self._shared
+        while not self._stop.is_set():
+            with self._wake:
+                while not shared.inbox and not self._finished():
+                    self._wake.wait(0.5)
+                if self._finished() and not shared.inbox:
+                    return
+                task = shared.inbox.popleft()
+                shared.current = task
+                self._cancel_current.clear()
+                self._wake.notify_all()  # room to lease the next one now
+            result = self._run_task(task)
+            with self._wake:
+                shared.current = None
+                if result is not None:
+                    shared.outbox.append(result)
+                self._wake.notify_all()
+
+    def _finished(self) -> bool:
+        s = self._shared
+        return self._stop.is_set() or s.fatal is not None or (s.run_complete and not s.inbox)
+
+    def _run_task(self, task: pb.Task) -> pb.TaskResult | None:
+        result = pb.TaskResult(task_id=task.task_id, run_id=task.run_id)
+        try:
+            evaluation = self.evaluator.evaluate(spec_from_task(task), self._interrupted)
+        except EpisodeInterrupted:
+            self.counters.tasks_dropped += 1
+            if self._stop.is_set():
+                with self._wake:
+                    self._shared.abandoned.append(task.task_id)
+            return None
+        except EnvBuildError as error:
+            self._unsupported_envs.add(task.env.env_id)
+            result.error = str(error)
+        except Exception as error:  # a bad task must not kill the worker; the master decides
+            log.exception("task %s failed", task.task_id)
+            result.error = f"{type(error).__name__}: {error}"
+        else:
+            result.episode_returns.extend(evaluation.returns)
+            result.episode_frames.extend(evaluation.frames)
+            result.frames = sum(evaluation.frames)
+            self.counters.tasks_done += 1
+            self.counters.frames += result.frames
+            return result
+        self.counters.tasks_failed += 1
+        return result
+
+    def _interrupted(self) -> bool:
+        return self._stop.is_set() or self._cancel_current.is_set()
+
+    # -- link thread: the master ----------------------------------------------------------
+
+    def _link_loop(self) -> None:
+        channel = grpc.insecure_channel(self.address)
+        stub = pb_grpc.EvolutionStub(channel)
+        backoff = 0.1
+        unavailable_since: float | None = None
+        next_lease = next_heartbeat = 0.0
+        try:
+            while True:
+                stopping = self._stop.is_set()
+                try:
+                    if stopping:
+                        self._settle_current()
+                    self._flush_results(stub)
+                    if stopping:
+                        self._hand_back(stub)
+                        return
+                    now = time.monotonic()
+                    if now >= next_heartbeat:
+                        next_heartbeat = now + self._heartbeat(stub)
+                    if now >= next_lease and self._room() > 0:
+                        next_lease = now + self._lease(stub)
+                    backoff, unavailable_since = 0.1, None
+                except grpc.RpcError as error:
+                    if error.code() not in _RETRYABLE:
+                        self._fail(f"master refused: {error.code().name}: {error.details()}")
+                        return
+                    now = time.monotonic()
+                    unavailable_since = unavailable_since or now
+                    if self.give_up_after_s and now - unavailable_since > self.give_up_after_s:
+                        self._fail(
+                            f"master {self.address} unreachable for {self.give_up_after_s:.0f}s"
+                        )
+                        return
+                    if stopping:
+                        return  # nobody to hand tasks back to; their leases will lapse
+                    self.counters.reconnects += 1
+                    log.info(
+                        "master unavailable (%s); retrying in %.1fs", error.code().name, backoff
+                    )
+                    self._stop.wait(backoff * random.uniform(0.5, 1.0))
+                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    continue
+                with self._wake:
+                    deadline = next_heartbeat
+                    if self._room() > 0:
+                        deadline = min(deadline, next_lease)
+                    timeout = deadline - time.monotonic()
+                    if not self._stop.is_set() and not self._shared.outbox and timeout > 0:
+                        self._wake.wait(timeout)
+        finally:
+            channel.close()
+
+    def _room(self) -> int:
+        """How many more tasks to lease: the running one plus `prefetch` waiting."""
+        shared = self._shared
+        if shared.run_complete or shared.fatal:
+            return 0
+        return 1 + self.prefetch - len(shared.inbox) - (shared.current is not None)
+
+    def _settle_current(self) -> None:
+        """On stop, let the main thread abandon (or finish) its episode before handing back."""
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        with self._wake:
+            while self._shared.current is not None and time.monotonic() < deadline:
+                self._wake.wait(0.05)
+
+    def _fail(self, reason: str) -> None:
+        with self._wake:
+            self._shared.fatal = reason
+            self._wake.notify_all()
+
+    def _flush_results(self, stub: pb_grpc.EvolutionStub) -> None:
+        with self._wake:
+            batch = list(self._shared.outbox)
+        if not batch:
+            return
+        request = pb.ReportRequest(
+            protocol_version=pb.PROTOCOL_VERSION_CURRENT, worker_id=self.worker_id, results=batch
+        )
+        try:
+            stub.Report(request, timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                raise
+            # Retrying the same bytes cannot help; the master re-issues the tasks.
+            log.error("master rejected results: %s", error.details())
+        with self._wake:
+            del self._shared.outbox[: len(batch)]
+
+    def _lease(self, stub: pb_grpc.EvolutionStub) -> float:
+        """Tops up the inbox; returns seconds until the next lease attempt."""
+        with self._wake:
+            wanted = self._room()
+        if wanted <= 0:
+            return 0.0
+        reply = stub.Lease(
+            pb.LeaseRequest(
+                protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+                worker_id=self.worker_id,
+                max_tasks=wanted,
+                unsupported_env_ids=sorted(self._unsupported_envs),
+            ),
+            timeout=CALL_TIMEOUT_S,
+        )
+        with self._wake:
+            self._shared.inbox.extend(reply.tasks)
+            self._shared.run_complete = reply.run_complete
+            self._wake.notify_all()
+        if reply.tasks:
+            return 0.0
+        return reply.retry_after_ms / 1000.0
+
+    def _heartbeat(self, stub: pb_grpc.EvolutionStub) -> float:
+        """Extends held leases; returns seconds until the next heartbeat."""
+        with self._wake:
+            held = list(self._shared.inbox)
+            if self._shared.current is not None:
+                held.append(self._shared.current)
+        if not held:
+            return 1.0
+        reply = stub.Heartbeat(
+            pb.HeartbeatRequest(
+                protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+                worker_id=self.worker_id,
+                task_ids=[t.task_id for t in held],
+            ),
+            timeout=CALL_TIMEOUT_S,
+        )
+        dropped = set(reply.dropped_task_ids)
+        if dropped:
+            with self._wake:
+                shared = self._shared
+                shared.inbox = deque(t for t in shared.inbox if t.task_id not in dropped)
+                if shared.current is not None and shared.current.task_id in dropped:
+                    self._cancel_current.set()
+        return min(t.lease_seconds for t in held) / 4.0
+
+    def _hand_back(self, stub: pb_grpc.EvolutionStub) -> None:
+        with self._wake:
+            shared = self._shared
+            held = [t.task_id for t in shared.inbox] + shared.abandoned
+            if shared.current is not None:
+                held.append(shared.current.task_id)
+            shared.inbox.clear()
+            shared.abandoned = []
+        if held:
+            stub.Release(
+                pb.ReleaseRequest(
+                    protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+                    worker_id=self.worker_id,
+                    task_ids=held,
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+            log.info("handed back %d task(s)", len(held))

@@ -1,0 +1,157 @@
+"""Genome (list of uint32 seeds) -> flat float32 parameters, with a cache of recent parents.
+
+theta_0 = table[o_0 : o_0 + n] * init_scale
+theta_k = theta_{k-1} + sigma * table[o_k : o_k + n]
+with o_i = noise_offset(seeds[i], n, len(table)). Only separate IEEE float32 multiply and add
+ufuncs are used, so every machine decodes a genome to bit-identical parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from worker.noise import noise_offset
+
+SEED_LIMIT = 2**32
+
+
+def _check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
+    key = tuple(int(s) for s in seeds)
+    if not key:
+        raise ValueError(f"genome must have at least one seed, got {list(seeds)}")
+    for s in key:
+        if not 0 <= s < SEED_LIMIT:
+            raise ValueError(f"genome seed {s} is outside [0, 2**32)")
+    return key
+
+
+def _check_mutation_power(mutation_power: float) -> np.float32:
+    if not (math.isfinite(mutation_power) and mutation_power >= 0):
+        raise ValueError(f"mutation_power must be finite and >= 0, got {mutation_power}")
+    return np.float32(mutation_power)
+
+
+def _check_inputs(table: np.ndarray, init_scale: np.ndarray) -> None:
+    if table.dtype != np.float32 or table.ndim != 1:
+        raise ValueError(f"noise table must be 1-D float32, got {table.dtype} {table.shape}")
+    if init_scale.dtype != np.float32 or init_scale.ndim != 1:
+        raise ValueError(
+            f"init_scale must be 1-D float32, got {init_scale.dtype} {init_scale.shape}"
+        )
+    noise_offset(0, init_scale.size, table.size)  # raises if the table is too small
+
+
+def _mutate(
+    theta: np.ndarray, table: np.ndarray, seed: int, sigma32: np.float32, tmp: np.ndarray
+) -> None:
+    """theta += sigma32 * eps(seed), in place, as a separate multiply then add."""
+    n = theta.size
+    offset = noise_offset(seed, n, table.size)
+    np.multiply(table[offset : offset + n], sigma32, out=tmp)
+    np.add(theta, tmp, out=theta)
+
+
+def decode_genome(
+    table: np.ndarray, init_scale: np.ndarray, mutation_power: float, seeds: Sequence[int]
+) -> np.ndarray:
+    """Decode a genome from scratch (no cache) into a new writable float32 vector."""
+    _check_inputs(table, init_scale)
+    key = _check_seeds(seeds)
+    sigma32 = _check_mutation_power(mutation_power)
+    n = init_scale.size
+    offset = noise_offset(key[0], n, table.size)
+    theta = np.multiply(table[offset : offset + n], init_scale)
+    if len(key) > 1:
+        tmp = np.empty_like(theta)
+        for seed in key[1:]:
+            _mutate(theta, table, seed, sigma32, tmp)
+    return theta
+
+
+@dataclass
+class DecodeStats:
+    """Counters of how each decode was served."""
+
+    hits: int = 0
+    parent_hits: int = 0
+    cold: int = 0
+
+
+class GenomeDecoder:
+    """Decodes genomes, reusing a byte-bounded LRU cache of recently decoded vectors."""
+
+    def __init__(
+        self,
+        table: np.ndarray,
+        init_scale: np.ndarray,
+        mutation_power: float,
+        cache_bytes: int = 512 * 2**20,
+    ) -> None:
+        _check_inputs(table, init_scale)
+        if cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
+        self.table = table
+        self.init_scale = init_scale
+        self.mutation_power = float(mutation_power)
+        self._sigma32 = _check_mutation_power(self.mutation_power)
+        self.cache_bytes = cache_bytes
+        self.stats = DecodeStats()
+        self._cache: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
+        self._cached_bytes = 0
+        self._tmp = np.empty(init_scale.size, dtype=np.float32)
+
+    @property
+    def num_params(self) -> int:
+        """Length of every decoded vector."""
+        return self.init_scale.size
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def __contains__(self, seeds: Sequence[int]) -> bool:
+        return tuple(int(s) for s in seeds) in self._cache
+
+    def __repr__(self) -> str:
+        return (
+            f"GenomeDecoder(num_params={self.num_params}, cached={len(self._cache)}, "
+            f"cached_bytes={self._cached_bytes}, stats={self.stats})"
+        )
+
+    def decode(self, seeds: Sequence[int]) -> np.ndarray:
+        """Return the read-only parameter vector of a genome."""
+        key = _check_seeds(seeds)
+        theta = self._cache.get(key)
+        if theta is not None:
+            self._cache.move_to_end(key)
+            self.stats.hits += 1
+            return theta
+        parent = self._cache.get(key[:-1]) if len(key) > 1 else None
+        if parent is not None:
+            self._cache.move_to_end(key[:-1])
+            theta = parent.copy()
+            _mutate(theta, self.table, key[-1], self._sigma32, self._tmp)
+            self.stats.parent_hits += 1
+        else:
+            theta = decode_genome(self.table, self.init_scale, self.mutation_power, key)
+            self.stats.cold += 1
+        theta.flags.writeable = False
+        self._insert(key, theta)
+        return theta
+
+    def clear(self) -> None:
+        """Drop every cached vector."""
+        self._cache.clear()
+        self._cached_bytes = 0
+
+    def _insert(self, key: tuple[int, ...], theta: np.ndarray) -> None:
+        self._cache[key] = theta
+        self._cached_bytes += theta.nbytes
+        # Evict least recently used entries, but always keep the newest one.
+        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cached_bytes -= old.nbytes

@@ -1,0 +1,119 @@
+"""Env factory: gymnasium ids as users type them, Atari under the paper's protocol by default."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gymnasium as gym
+
+PAPER = "paper"
+REGISTERED = "registered"
+PAPER_FRAME_SKIP = 4
+PAPER_NOOP_MAX = 30
+SCREEN_SIZE = 84
+FRAME_STACK = 4
+
+
+@dataclass
+class EnvHandle:
+    """A built env and how to count the emulator frames an episode consumed."""
+
+    env: gym.Env
+    atari: bool
+    dynamics: str | None
+    frames_used: Callable[[int], int]
+    """Agent steps of the finished episode -> emulator frames."""
+
+
+class FireOnReset(gym.Wrapper):
+    """Presses FIRE after reset in games that wait for it (the paper's protocol)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        meanings = env.unwrapped.get_action_meanings()
+        self._fire = meanings.index("FIRE") if "FIRE" in meanings else None
+
+    def reset(self, **kwargs):
+        observation, info = self.env.reset(**kwargs)
+        if self._fire is not None:
+            observation, _, terminated, truncated, info = self.env.step(self._fire)
+            if terminated or truncated:
+                observation, info = self.env.reset()
+        return observation, info
+
+
+def register_atari() -> None:
+    """Makes ale-py's ids (Frostbite-v4, ALE/Frostbite-v5, ...) known to gymnasium."""
+    import ale_py
+
+    gym.register_envs(ale_py)
+
+
+def is_atari(env_id: str) -> bool:
+    register_atari()
+    return str(gym.spec(env_id).entry_point).startswith("ale_py")
+
+
+def make_env(env_id: str, dynamics: str = PAPER) -> EnvHandle:
+    """Builds an env; raises ValueError naming the id when it cannot."""
+    register_atari()
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as error:
+        raise ValueError(f"cannot build env {env_id!r}: {error}") from None
+    if not str(spec.entry_point).startswith("ale_py"):
+        return EnvHandle(gym.make(env_id), atari=False, dynamics=None, frames_used=lambda s: s)
+    if dynamics == PAPER:
+        return EnvHandle(_paper_atari(spec.kwargs["game"]), True, PAPER, _paper_frames)
+    if dynamics == REGISTERED:
+        env = _registered_atari(env_id)
+        return EnvHandle(env, True, REGISTERED, lambda _: _episode_frame_number(env))
+    raise ValueError(f"atari dynamics must be {PAPER!r} or {REGISTERED!r}, got {dynamics!r}")
+
+
+def _paper_frames(steps: int) -> int:
+    return steps * PAPER_FRAME_SKIP
+
+
+def _paper_atari(game: str) -> gym.Env:
+    """No sticky actions, skip 4 with max-pool, 1-30 no-ops, FIRE, 84x84 gray, stack of 4.
+
+    The game is rebuilt from its name, so Frostbite-v4 (random 2-4 frame skip),
+    FrostbiteNoFrameskip-v4 and ALE/Frostbite-v5 (sticky actions) all train the same way.
+    Rewards are the raw game score; losing a life does not end the episode.
+    """
+    from ale_py.env import AtariEnv
+
+    base = AtariEnv(
+        game=game,
+        obs_type="rgb",
+        frameskip=1,
+        repeat_action_probability=0.0,
+        full_action_space=False,
+    )
+    # Gymnasium's wrappers check the spec for a frameskip; give the raw env one.
+    base.spec = gym.envs.registration.EnvSpec(
+        f"{game}-paper", entry_point="ale_py.env:AtariEnv", kwargs={"frameskip": 1}
+    )
+    env = gym.wrappers.AtariPreprocessing(
+        base,
+        noop_max=PAPER_NOOP_MAX,
+        frame_skip=PAPER_FRAME_SKIP,
+        screen_size=SCREEN_SIZE,
+        terminal_on_life_loss=False,
+        grayscale_obs=True,
+        scale_obs=False,
+    )
+    return gym.wrappers.FrameStackObservation(FireOnReset(env), FRAME_STACK)
+
+
+def _registered_atari(env_id: str) -> gym.Env:
+    """The registered env's own dynamics, with only the observation preprocessing."""
+    env = gym.make(env_id, obs_type="grayscale")
+    env = gym.wrappers.ResizeObservation(env, (SCREEN_SIZE, SCREEN_SIZE))
+    return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
+
+
+def _episode_frame_number(env: gym.Env) -> int:
+    return int(env.unwrapped.ale.getEpisodeFrameNumber())

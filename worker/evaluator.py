@@ -1,0 +1,108 @@
+"""Turns an evaluation task into episode returns; keeps envs, policies and decoders warm."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from worker.decode import GenomeDecoder
+from worker.envs import PAPER, EnvHandle, make_env
+from worker.noise import NoiseTableSpec, load_noise_table
+from worker.policies import Policy, build_policy
+from worker.rollout import run_episode
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    """Everything needed to score a genome; a task off the wire becomes one of these."""
+
+    env_id: str
+    seeds: tuple[int, ...]
+    mutation_power: float
+    noise_table: NoiseTableSpec
+    architecture: str
+    hidden_sizes: tuple[int, ...] = ()
+    atari_dynamics: str = PAPER
+    episodes: int = 1
+    max_episode_steps: int = 0
+    env_seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    returns: list[float]
+    frames: list[int]
+
+
+class EnvBuildError(Exception):
+    """The env could not be built on this worker (missing ROM, unknown id, ...)."""
+
+
+class Evaluator:
+    """Stateless from the master's view: caches only what can be rebuilt from a task."""
+
+    def __init__(self, noise_cache_dir: str | None = None, decode_cache_bytes: int = 512 * 2**20):
+        self._noise_cache_dir = noise_cache_dir
+        self._decode_cache_bytes = decode_cache_bytes
+        self._envs: dict[tuple[str, str], EnvHandle] = {}
+        self._policies: dict[tuple, Policy] = {}
+        self._decoders: dict[tuple, GenomeDecoder] = {}
+
+    def evaluate(
+        self, spec: EvaluationSpec, should_stop: Callable[[], bool] | None = None
+    ) -> Evaluation:
+        """Plays spec.episodes episodes; the first reset is seeded with spec.env_seed."""
+        handle = self._env(spec.env_id, spec.atari_dynamics)
+        policy = self._policy(spec, handle)
+        decoder = self._decoder(spec, policy)
+        policy.load_parameters(decoder.decode(spec.seeds))
+        returns, frames = [], []
+        for episode in range(spec.episodes):
+            seed = spec.env_seed if episode == 0 else None
+            result = run_episode(policy.act, handle, spec.max_episode_steps, seed, should_stop)
+            returns.append(result.total_reward)
+            frames.append(result.frames)
+        return Evaluation(returns, frames)
+
+    def decoder_for(self, spec: EvaluationSpec) -> GenomeDecoder:
+        """The decoder (and its cache) this spec's genomes go through."""
+        return self._decoder(spec, self._policy(spec, self._env(spec.env_id, spec.atari_dynamics)))
+
+    def _env(self, env_id: str, dynamics: str) -> EnvHandle:
+        key = (env_id, dynamics)
+        if key not in self._envs:
+            try:
+                self._envs[key] = make_env(env_id, dynamics)
+            except Exception as error:  # any failure to build is reported, never fatal
+                raise EnvBuildError(f"cannot build env {env_id!r}: {error}") from error
+        return self._envs[key]
+
+    def _policy(self, spec: EvaluationSpec, handle: EnvHandle) -> Policy:
+        key = (spec.architecture, spec.hidden_sizes, spec.env_id, spec.atari_dynamics)
+        if key not in self._policies:
+            env = handle.env
+            self._policies[key] = build_policy(
+                spec.architecture, env.observation_space, env.action_space, spec.hidden_sizes
+            )
+        return self._policies[key]
+
+    def _decoder(self, spec: EvaluationSpec, policy: Policy) -> GenomeDecoder:
+        key = (spec.noise_table, spec.mutation_power, id(policy))
+        if key not in self._decoders:
+            table = load_noise_table(spec.noise_table, self._noise_cache_dir)
+            self._decoders[key] = GenomeDecoder(
+                table, policy.init_scale(), spec.mutation_power, self._decode_cache_bytes
+            )
+        return self._decoders[key]
+
+
+def mean_and_spread(values: Sequence[float]) -> str:
+    import statistics
+
+    if not values:
+        return "no episodes"
+    spread = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return (
+        f"mean {statistics.fmean(values):.1f} std {spread:.1f} "
+        f"min {min(values):.1f} max {max(values):.1f} over {len(values)} episodes"
+    )

@@ -1,0 +1,84 @@
+"""Score a genome outside training: from a seed list (as in the paper's README) or a file."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from master.config import PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
+from master.rundir import GENOME_FORMAT
+from worker.envs import PAPER, is_atari
+from worker.evaluator import EvaluationSpec, Evaluator
+from worker.noise import NoiseTableSpec
+from worker.policies import DEFAULT_MLP_HIDDEN
+
+
+def load_genome_file(path: str | os.PathLike) -> EvaluationSpec:
+    """Reads a genome JSON written by the master (best_genome.json, elite_genome.json)."""
+    try:
+        data: dict[str, Any] = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read genome file {str(path)!r}: {error}") from None
+    if data.get("format") != GENOME_FORMAT:
+        raise ValueError(
+            f"{str(path)!r} is not a {GENOME_FORMAT} file (format {data.get('format')!r})"
+        )
+    table = data["noise_table"]
+    return EvaluationSpec(
+        env_id=data["env_id"],
+        seeds=tuple(int(s) for s in data["seeds"]),
+        mutation_power=float(data["mutation_power"]),
+        noise_table=NoiseTableSpec(int(table["seed"]), int(table["size"])),
+        architecture=data["architecture"],
+        hidden_sizes=tuple(data.get("hidden_sizes") or ()),
+        atari_dynamics=data.get("atari_dynamics") or PAPER,
+        max_episode_steps=int(data.get("max_episode_steps") or 0),
+    )
+
+
+def evaluate_policy(
+    env_id_or_genome_file: str | os.PathLike,
+    seeds: Sequence[int] | None = None,
+    episodes: int = 1,
+    *,
+    architecture: str | None = None,
+    hidden_sizes: Sequence[int] = (),
+    mutation_power: float = 0.002,
+    noise_table: NoiseTableSpec | None = None,
+    atari_dynamics: str = PAPER,
+    max_episode_steps: int = 0,
+    env_seed: int = 0,
+    evaluator: Evaluator | None = None,
+) -> list[float]:
+    """Plays `episodes` episodes and returns their scores.
+
+    `evaluate_policy('Frostbite-v4', [seed, ...])` uses the paper's network and settings;
+    `evaluate_policy('runs/x/best_genome.json', episodes=30)` replays a saved genome.
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    if seeds is None:
+        spec = load_genome_file(env_id_or_genome_file)
+    else:
+        env_id = str(env_id_or_genome_file)
+        atari = is_atari(env_id)
+        if architecture is None:
+            architecture = "deepga" if atari else "mlp"
+        if not atari and not hidden_sizes:
+            hidden_sizes = DEFAULT_MLP_HIDDEN
+        default_size = PAPER_NOISE_TABLE_SIZE if atari else SMALL_NOISE_TABLE_SIZE
+        spec = EvaluationSpec(
+            env_id=env_id,
+            seeds=tuple(int(s) for s in seeds),
+            mutation_power=mutation_power,
+            noise_table=noise_table or NoiseTableSpec(size=default_size),
+            architecture=architecture,
+            hidden_sizes=tuple(hidden_sizes),
+            atari_dynamics=atari_dynamics,
+            max_episode_steps=max_episode_steps,
+        )
+    spec = EvaluationSpec(**{**spec.__dict__, "episodes": episodes, "env_seed": env_seed})
+    return (evaluator or Evaluator()).evaluate(spec).returns
