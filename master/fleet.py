@@ -114,6 +114,10 @@ class Fleet:
         self._wake_if_complete()
         return disposition
 
+    def episodes_of(self, task_id: str) -> int | None:
+        """Episodes a report of this task must carry; None when it is not in this phase."""
+        return self._table.episodes_of(task_id) if self._table is not None else None
+
     def report_failure(self, worker_id: str, task_id: str, error: str) -> Disposition:
         self._seen(worker_id)
         table = self._table

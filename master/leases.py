@@ -95,7 +95,7 @@ class LeaseTable:
         return LeaseCounters(len(self._pending), len(self._leased), self._done, self.reissued)
 
     def lease(self, worker_id: str, max_tasks: int, now: float) -> list[PhaseTask]:
-        """Hands out up to max_tasks pending tasks, re-issuing lapsed leases first."""
+        """Hands out up to max_tasks pending tasks; lapsed leases are re-issued first."""
         self.expire(now)
         granted: list[PhaseTask] = []
         while self._pending and len(granted) < max_tasks:
@@ -126,15 +126,20 @@ class LeaseTable:
         return dropped
 
     def release(self, worker_id: str, task_ids: Iterable[str]) -> int:
-        """Returns this worker's unfinished tasks to the front of the queue."""
-        released = 0
+        """Returns this worker's unfinished tasks to the front of the queue, in order."""
+        released = []
         for task_id in task_ids:
             record = self._records.get(task_id)
             if record and record.lease is not None and record.lease.worker_id == worker_id:
                 self._unlease(record)
-                self._pending.appendleft(task_id)
-                released += 1
-        return released
+                released.append(task_id)
+        self._pending.extendleft(reversed(released))
+        return len(released)
+
+    def episodes_of(self, task_id: str) -> int | None:
+        """How many episode returns a report of this task must carry (None: not ours)."""
+        record = self._records.get(task_id)
+        return record.task.episodes if record else None
 
     def complete_task(self, task_id: str, returns: Sequence[float], frames: int) -> Disposition:
         """Records a finished task; a second report of the same task is a harmless duplicate."""
@@ -168,9 +173,9 @@ class LeaseTable:
             for tid in self._leased
             if self._records[tid].lease.deadline <= now  # type: ignore[union-attr]
         ]
-        for task_id in sorted(lapsed):
-            self._retry_or_give_up(self._records[task_id])
-            self.reissued += 1
+        for task_id in sorted(lapsed, reverse=True):
+            if self._retry_or_give_up(self._records[task_id]):
+                self.reissued += 1
         return len(lapsed)
 
     def holder(self, task_id: str) -> str | None:
@@ -193,7 +198,8 @@ class LeaseTable:
     def frames(self) -> int:
         return sum(r.frames for r in self._records.values())
 
-    def _retry_or_give_up(self, record: _Record) -> None:
+    def _retry_or_give_up(self, record: _Record) -> bool:
+        """Queues the task again (at the front: it is a straggler) unless out of attempts."""
         record.attempts += 1
         if record.lease is not None:
             self._unlease(record)
@@ -201,8 +207,9 @@ class LeaseTable:
             self._pending.remove(record.task.task_id)
         if record.attempts >= self.max_attempts:
             self._finish(record, (math.nan,) * record.task.episodes, 0)
-        else:
-            self._pending.append(record.task.task_id)
+            return False
+        self._pending.appendleft(record.task.task_id)
+        return True
 
     def _finish(self, record: _Record, returns: tuple[float, ...], frames: int) -> None:
         task_id = record.task.task_id

@@ -95,7 +95,7 @@ class EvolutionService(pb_grpc.EvolutionServicer):
         await _check_common(request, context)
         # Validate the whole batch first, so a bad message changes nothing.
         for result in request.results:
-            problem = _result_problem(result)
+            problem = _result_problem(result) or self._episodes_problem(result)
             if problem:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         acks = []
@@ -118,6 +118,17 @@ class EvolutionService(pb_grpc.EvolutionServicer):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
             acks.append(pb.TaskAck(task_id=result.task_id, disposition=_DISPOSITIONS[disposition]))
         return pb.ReportResponse(acks=acks)
+
+    def _episodes_problem(self, result: pb.TaskResult) -> str | None:
+        if result.error or result.run_id != self._template.run_id:
+            return None
+        expected = self._fleet.episodes_of(result.task_id)
+        if expected is not None and expected != len(result.episode_returns):
+            return (
+                f"task {result.task_id[:80]}: {len(result.episode_returns)} episode_returns, "
+                f"the task has {expected} episodes"
+            )
+        return None
 
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext

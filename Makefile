@@ -1,0 +1,43 @@
+# Two commands set everything up on a fresh machine:
+#   make train   # installs into .venv, then trains on this machine with local workers
+#   make test    # installs into .venv (with dev tools), then runs the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A CPU build of torch keeps images and CI small; override for a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+ENV ?= CartPole-v1
+WORKERS ?= 2
+TRAIN_ARGS ?=
+
+.PHONY: install train test lint stubs clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+train: install
+	$(BIN)/neuro-master --env $(ENV) --local-workers $(WORKERS) $(TRAIN_ARGS)
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# Regenerates the gRPC stubs from proto/ (never edit neuro/v1/*_pb2*.py by hand).
+stubs: install
+	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. --grpc_python_out=. \
+		proto/neuro/v1/evolution.proto
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,307 @@
+"""The lease table of one phase: pure bookkeeping driven by an explicit clock."""
+
+from __future__ import annotations
+
+import math
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from master.fleet import FleetSettings, split_into_tasks
+from master.ga import EvaluationRequest, Genome
+from master.leases import Disposition, LeaseCounters, LeaseTable
+
+LEASE_S = 10.0
+GENOME = Genome((1,))
+
+
+def make_tasks(episodes: dict[str, int], per_task: int = 1):
+    requests = [EvaluationRequest(key, GENOME, n) for key, n in episodes.items()]
+    return split_into_tasks(requests, FleetSettings("run", 0, episodes_per_task=per_task))
+
+
+def table(n: int = 4, max_attempts: int = 3) -> LeaseTable:
+    """n one-episode tasks with ids k0/0, k1/0, ..."""
+    return LeaseTable(make_tasks({f"k{i}": 1 for i in range(n)}), LEASE_S, max_attempts)
+
+
+def ids(tasks) -> list[str]:
+    return [t.task_id for t in tasks]
+
+
+@pytest.mark.parametrize(
+    ("lease_seconds", "max_attempts"), [(0, 1), (-1, 1), (math.inf, 1), (math.nan, 1), (1, 0)]
+)
+def test_bad_settings_are_refused(lease_seconds, max_attempts):
+    with pytest.raises(ValueError):
+        LeaseTable(make_tasks({"a": 1}), lease_seconds, max_attempts)
+
+
+def test_duplicate_task_ids_are_refused():
+    tasks = make_tasks({"a": 1})
+    with pytest.raises(ValueError, match="unique"):
+        LeaseTable(tasks * 2, LEASE_S, 1)
+
+
+@pytest.mark.parametrize(
+    ("asks", "granted"),
+    [
+        ([1, 1, 1, 1, 1], [["k0/0"], ["k1/0"], ["k2/0"], ["k3/0"], []]),
+        ([3, 3], [["k0/0", "k1/0", "k2/0"], ["k3/0"]]),
+        ([0, 2, 9], [[], ["k0/0", "k1/0"], ["k2/0", "k3/0"]]),
+        ([10], [["k0/0", "k1/0", "k2/0", "k3/0"]]),
+    ],
+)
+def test_lease_hands_out_in_order_up_to_max_tasks(asks, granted):
+    t = table()
+    assert [ids(t.lease("w", n, now=0.0)) for n in asks] == granted
+    leased = sum(len(g) for g in granted)
+    assert t.counters == LeaseCounters(pending=4 - leased, leased=leased, done=0, reissued=0)
+    assert all(t.holder(i) == "w" for g in granted for i in g)
+
+
+def test_lapsed_lease_is_reissued_to_another_worker():
+    t = table(n=2)
+    assert ids(t.lease("a", 1, now=0.0)) == ["k0/0"]
+    assert ids(t.lease("b", 5, now=LEASE_S - 0.1)) == ["k1/0"]
+    assert ids(t.lease("c", 5, now=LEASE_S)) == ["k0/0"]  # the deadline itself lapses
+    assert t.holder("k0/0") == "c"
+    assert t.counters == LeaseCounters(pending=0, leased=2, done=0, reissued=1)
+
+
+def test_heartbeat_extends_only_the_holders_lease():
+    t = table(n=2)
+    t.lease("a", 2, now=0.0)
+    assert t.heartbeat("a", ["k0/0"], now=5.0) == []
+    assert t.heartbeat("b", ["k1/0"], now=5.0) == ["k1/0"]
+    assert t.expire(now=LEASE_S) == 1  # k1/0: b's heartbeat did not extend a's lease
+    assert (t.holder("k0/0"), t.holder("k1/0")) == ("a", None)
+    assert t.expire(now=5.0 + LEASE_S) == 1
+    assert t.counters.reissued == 2
+
+
+def test_heartbeat_names_tasks_to_drop():
+    t = table(n=3)
+    t.lease("a", 1, now=0.0)
+    t.lease("b", 2, now=0.0)
+    t.complete_task("k1/0", [1.0], 10)
+    dropped = t.heartbeat("b", ["k1/0", "k2/0", "nope", "k0/0"], now=1.0)
+    assert dropped == ["k1/0", "nope", "k0/0"]  # done, unknown, a's
+    assert t.holder("k0/0") == "a" and t.holder("k2/0") == "b"
+
+
+def test_heartbeat_after_a_lapse_reclaims_the_pending_task():
+    t = table(n=2)
+    t.lease("a", 1, now=0.0)
+    t.expire(now=LEASE_S)
+    assert t.holder("k0/0") is None and t.counters.pending == 2
+    assert t.heartbeat("a", ["k0/0"], now=LEASE_S + 1) == []
+    assert t.holder("k0/0") == "a"
+    assert ids(t.lease("b", 5, now=LEASE_S + 1)) == ["k1/0"]  # not run twice
+    assert t.counters == LeaseCounters(pending=0, leased=2, done=0, reissued=1)
+
+
+def test_heartbeat_after_reissue_to_another_worker_is_dropped():
+    t = table(n=1)
+    t.lease("a", 1, now=0.0)
+    t.lease("b", 1, now=LEASE_S)
+    assert t.heartbeat("a", ["k0/0"], now=LEASE_S + 1) == ["k0/0"]
+    assert t.holder("k0/0") == "b"
+
+
+def test_release_puts_the_holders_tasks_at_the_front():
+    t = table(n=4)
+    t.lease("a", 2, now=0.0)
+    t.lease("b", 1, now=0.0)
+    assert t.release("a", ["k1/0", "k2/0", "nope"]) == 1  # k2/0 is b's
+    assert t.holder("k1/0") is None and t.holder("k2/0") == "b"
+    assert ids(t.lease("c", 1, now=1.0)) == ["k1/0"]
+    assert t.counters == LeaseCounters(pending=1, leased=3, done=0, reissued=0)
+
+
+def test_release_of_a_done_task_does_nothing():
+    t = table(n=1)
+    t.lease("a", 1, now=0.0)
+    t.complete_task("k0/0", [1.0], 3)
+    assert t.release("a", ["k0/0"]) == 0
+    assert t.counters == LeaseCounters(pending=0, leased=0, done=1, reissued=0)
+
+
+def test_complete_is_accepted_once_then_duplicate():
+    t = table(n=2)
+    t.lease("a", 1, now=0.0)
+    assert t.complete_task("k0/0", [5.0], 7) is Disposition.ACCEPTED
+    assert t.complete_task("k0/0", [9.0], 70) is Disposition.DUPLICATE
+    assert t.fail_task("k0/0", "boom") is Disposition.DUPLICATE
+    assert t.complete_task("k1/0", [6.0], 8) is Disposition.ACCEPTED  # pending, never leased
+    assert t.complete
+    assert t.results() == {"k0": [5.0], "k1": [6.0]}
+    assert t.frames == 15
+
+
+@pytest.mark.parametrize(
+    "report", [lambda t: t.complete_task("x/0", [1.0], 1), lambda t: t.fail_task("x/0", "e")]
+)
+def test_unknown_task_is_stale(report):
+    t = table(n=1)
+    assert report(t) is Disposition.STALE
+    assert t.counters == LeaseCounters(pending=1, leased=0, done=0, reissued=0)
+
+
+@pytest.mark.parametrize("returns", [[], [1.0, 2.0]])
+def test_wrong_number_of_returns_names_the_task(returns):
+    t = table(n=1)
+    t.lease("a", 1, now=0.0)
+    with pytest.raises(ValueError, match="k0/0"):
+        t.complete_task("k0/0", returns, 1)
+    assert t.holder("k0/0") == "a" and t.counters.done == 0
+
+
+def test_failures_retry_then_record_nan():
+    t = LeaseTable(make_tasks({"a": 2}, per_task=2), LEASE_S, max_attempts=3)
+    for attempt in range(2):
+        assert ids(t.lease("w", 1, now=0.0)) == ["a/0"]
+        assert t.fail_task("a/0", f"err{attempt}") is Disposition.ACCEPTED
+        assert t.counters == LeaseCounters(pending=1, leased=0, done=0, reissued=0)
+    t.lease("w", 1, now=0.0)
+    assert t.fail_task("a/0", "err2") is Disposition.ACCEPTED
+    assert t.complete and t.errors("a/0") == ["err0", "err1", "err2"]
+    assert all(math.isnan(r) for r in t.results()["a"]) and len(t.results()["a"]) == 2
+    assert t.frames == 0
+    assert t.complete_task("a/0", [1.0, 2.0], 5) is Disposition.DUPLICATE
+
+
+def test_expiries_count_as_attempts():
+    t = table(n=1, max_attempts=3)
+    t.lease("w", 1, now=0.0)
+    t.fail_task("k0/0", "err")
+    t.lease("w", 1, now=0.0)
+    t.expire(now=LEASE_S)
+    assert not t.complete
+    t.lease("w", 1, now=LEASE_S)
+    t.expire(now=2 * LEASE_S)
+    assert t.complete and math.isnan(t.results()["k0"][0])
+    assert ids(t.lease("w", 1, now=2 * LEASE_S)) == []
+
+
+def test_results_join_tasks_in_episode_order_and_wait_for_completion():
+    tasks = make_tasks({"a": 12, "b": 1}, per_task=1)  # a/10 sorts before a/2 as a string
+    t = LeaseTable(tasks, LEASE_S, 1)
+    with pytest.raises(RuntimeError, match="not complete"):
+        t.results()
+    for task in reversed(tasks):
+        first = int(task.task_id.rsplit("/", 1)[1])
+        t.complete_task(task.task_id, [float(first)], 1)
+        assert t.complete == (task is tasks[0])
+    assert t.results() == {"a": [float(i) for i in range(12)], "b": [0.0]}
+
+
+def test_frames_sum_only_accepted_results():
+    t = LeaseTable(make_tasks({"a": 3}, per_task=2), LEASE_S, 1)
+    t.complete_task("a/0", [1.0, 2.0], 30)
+    t.complete_task("a/0", [1.0, 2.0], 999)
+    t.complete_task("zz/0", [1.0], 999)
+    with pytest.raises(ValueError):
+        t.complete_task("a/2", [1.0, 2.0], 999)
+    assert t.frames == 30
+    t.fail_task("a/2", "boom")
+    assert t.frames == 30
+    joined = t.results()["a"]
+    assert joined[:2] == [1.0, 2.0] and math.isnan(joined[2])
+
+
+WORKERS = st.sampled_from(["w0", "w1", "w2"])
+REQUESTS = {"a": 1, "b": 3, "c": 2, "d": 1}
+
+
+class LeaseMachine(RuleBasedStateMachine):
+    """Random worker behaviour; every task must end DONE exactly once, first result wins."""
+
+    @initialize(max_attempts=st.integers(1, 4))
+    def setup(self, max_attempts):
+        self.tasks = make_tasks(REQUESTS, per_task=2)
+        self.ids = st.sampled_from([t.task_id for t in self.tasks] + ["zz/0"])
+        self.table = LeaseTable(self.tasks, LEASE_S, max_attempts)
+        self.now = 0.0
+        self.serial = 0
+        self.first: dict[str, tuple[float, ...]] = {}
+        self.frames = 0
+        self.done = 0
+
+    def _complete(self, task_id: str) -> None:
+        task = next((t for t in self.tasks if t.task_id == task_id), None)
+        self.serial += 1
+        returns = [float(self.serial)] * (task.episodes if task else 1)
+        was_done = self.table.counters.done
+        disposition = self.table.complete_task(task_id, returns, self.serial)
+        if task is None:
+            assert disposition is Disposition.STALE
+        elif disposition is Disposition.ACCEPTED:
+            assert task_id not in self.first
+            self.first[task_id] = tuple(returns)
+            self.frames += self.serial
+            assert self.table.counters.done == was_done + 1
+        else:
+            assert disposition is Disposition.DUPLICATE
+
+    @rule(worker=WORKERS, n=st.integers(0, 4))
+    def lease(self, worker, n):
+        for task in self.table.lease(worker, n, self.now):
+            assert self.table.holder(task.task_id) == worker
+
+    @rule(worker=WORKERS, data=st.data())
+    def heartbeat(self, worker, data):
+        self.table.heartbeat(worker, data.draw(st.lists(self.ids, max_size=3)), self.now)
+
+    @rule(worker=WORKERS, data=st.data())
+    def release(self, worker, data):
+        self.table.release(worker, data.draw(st.lists(self.ids, max_size=3)))
+
+    @rule(data=st.data())
+    def complete(self, data):
+        self._complete(data.draw(self.ids))
+
+    @rule(data=st.data())
+    def fail(self, data):
+        self.table.fail_task(data.draw(self.ids), "boom")
+
+    @rule()
+    def expire(self):
+        self.table.expire(self.now)
+
+    @rule(dt=st.sampled_from([0.5, LEASE_S / 2, LEASE_S]))
+    def advance(self, dt):
+        self.now += dt
+
+    @invariant()
+    def counts_add_up(self):
+        c = self.table.counters
+        assert c.pending + c.leased + c.done == len(self.tasks)
+        assert c.leased == sum(self.table.holder(t.task_id) is not None for t in self.tasks)
+        assert c.done >= self.done  # nothing is ever un-done
+        self.done = c.done
+        assert self.table.frames == self.frames
+
+    def teardown(self):
+        for task in self.tasks:
+            self._complete(task.task_id)
+        assert self.table.complete and self.table.counters.done == len(self.tasks)
+        results = self.table.results()
+        assert {k: len(v) for k, v in results.items()} == REQUESTS
+        for key in REQUESTS:
+            expected = [
+                x
+                for t in self.tasks
+                if t.request_key == key
+                for x in self.first.get(t.task_id, (math.nan,) * t.episodes)
+            ]
+            assert [None if math.isnan(x) else x for x in results[key]] == [
+                None if math.isnan(x) else x for x in expected
+            ]
+        assert self.table.frames == self.frames
+
+
+LeaseMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+test_every_task_done_exactly_once = LeaseMachine.TestCase
