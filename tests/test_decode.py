@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from worker.decode import GenomeDecoder, decode_genome
+from worker.decode import DecodeStats, GenomeDecoder, decode_genome
 from worker.noise import NoiseTableSpec, load_noise_table, noise_offset
 from worker.policies import build_policy
 
@@ -82,16 +82,48 @@ def test_decoded_vectors_are_read_only(table, mlp_scale):
     assert not np.shares_memory(parent, child)
 
 
-def test_lru_eviction_respects_cache_bytes(table, mlp_scale):
+def test_eviction_respects_cache_bytes_least_recently_used_first(table, mlp_scale):
     entry = mlp_scale.nbytes
     decoder = GenomeDecoder(table, mlp_scale, SIGMA, cache_bytes=3 * entry)
-    for seed in range(4):
+    for seed in range(3):
         decoder.decode([seed])
+    decoder.decode([1])  # a hit moves [1] to the recently-used end
+    decoder.decode([2])
+    decoder.decode([3])  # room is made at the cold end: [0] goes
     assert len(decoder) == 3 and [0] not in decoder
-    decoder.decode([1])  # touch: [2] becomes least recently used
-    decoder.decode([4])
-    assert [2] not in decoder and [1] in decoder and [3] in decoder and [4] in decoder
-    assert decoder.stats.cold == 5 and decoder.stats.hits == 1
+    assert [1] in decoder and [2] in decoder and [3] in decoder
+    assert decoder.stats.cold == 4 and decoder.stats.hits == 2
+
+
+def test_a_stream_of_children_does_not_evict_their_parents(table, mlp_scale):
+    parents = [[p, 1000 + p] for p in range(5)]
+    decoder = GenomeDecoder(table, mlp_scale, SIGMA, cache_bytes=8 * mlp_scale.nbytes)
+    for parent in parents:  # warm-up: each parent enters as the ancestor of a child
+        decoder.decode([*parent, 1])
+    decoder.stats = DecodeStats()
+    rng = np.random.default_rng(0)
+    for child_seed in range(200):
+        parent = parents[int(rng.integers(len(parents)))]
+        child = decoder.decode([*parent, 5000 + child_seed])
+        assert (
+            child.tobytes()
+            == decode_genome(table, mlp_scale, SIGMA, [*parent, 5000 + child_seed]).tobytes()
+        )
+    assert all(p in decoder for p in parents)
+    assert decoder.stats == DecodeStats(parent_hits=200)
+
+
+def test_a_miss_resumes_from_the_nearest_cached_ancestor(table, mlp_scale):
+    decoder = GenomeDecoder(table, mlp_scale, SIGMA)
+    decoder.decode([11, 12])
+    genome = [11, 12, 13, 14, 15]
+    theta = decoder.decode(genome)
+    assert theta.tobytes() == decode_genome(table, mlp_scale, SIGMA, genome).tobytes()
+    assert decoder.stats.ancestor_hits == 1 and decoder.stats.cold == 1
+    # The parent was kept on the way, so its other children cost one mutation.
+    assert genome[:-1] in decoder
+    decoder.decode([*genome[:-1], 99])
+    assert decoder.stats.parent_hits == 1
 
 
 def test_cache_keeps_at_least_one_entry(table, mlp_scale):

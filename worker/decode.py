@@ -18,6 +18,8 @@ import numpy as np
 from worker.noise import noise_offset
 
 SEED_LIMIT = 2**32
+# How far back a miss looks for a cached ancestor before decoding from scratch.
+MAX_ANCESTOR_DEPTH = 8
 
 
 def _check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
@@ -79,6 +81,7 @@ class DecodeStats:
 
     hits: int = 0
     parent_hits: int = 0
+    ancestor_hits: int = 0
     cold: int = 0
 
 
@@ -123,24 +126,53 @@ class GenomeDecoder:
         )
 
     def decode(self, seeds: Sequence[int]) -> np.ndarray:
-        """Return the read-only parameter vector of a genome."""
+        """Return the read-only parameter vector of a genome.
+
+        A miss resumes from the nearest cached ancestor (the parent, usually). Parents are
+        kept at the recently-used end and children enter at the other end, so a stream of
+        children does not evict the T parents they share; a child used again (an elite
+        re-evaluated over many episodes) moves up like any hit.
+        """
         key = _check_seeds(seeds)
         theta = self._cache.get(key)
         if theta is not None:
             self._cache.move_to_end(key)
             self.stats.hits += 1
             return theta
-        parent = self._cache.get(key[:-1]) if len(key) > 1 else None
-        if parent is not None:
-            self._cache.move_to_end(key[:-1])
-            theta = parent.copy()
-            _mutate(theta, self.table, key[-1], self._sigma32, self._tmp)
+        depth, base = self._nearest_ancestor(key)
+        if base is not None and depth == 1:
             self.stats.parent_hits += 1
+        elif base is not None:
+            self.stats.ancestor_hits += 1
         else:
-            theta = decode_genome(self.table, self.init_scale, self.mutation_power, key)
             self.stats.cold += 1
+        if len(key) > 1 and depth != 1:
+            # The parent will be asked for again by this child's siblings: keep it hot.
+            parent = self._extend(base, key[:-1], len(key) - depth)
+            parent.flags.writeable = False
+            self._insert(key[:-1], parent, hot=True)
+            base, depth = parent, 1
+        theta = self._extend(base, key, len(key) - depth)
         theta.flags.writeable = False
-        self._insert(key, theta)
+        self._insert(key, theta, hot=False)
+        return theta
+
+    def _nearest_ancestor(self, key: tuple[int, ...]) -> tuple[int, np.ndarray | None]:
+        """(generations back, vector) of the closest cached ancestor within reach."""
+        for depth in range(1, min(len(key), MAX_ANCESTOR_DEPTH + 1)):
+            ancestor = self._cache.get(key[:-depth])
+            if ancestor is not None:
+                self._cache.move_to_end(key[:-depth])
+                return depth, ancestor
+        return 0, None
+
+    def _extend(self, base: np.ndarray | None, key: tuple[int, ...], start: int) -> np.ndarray:
+        """The vector of `key`, applying key[start:] to `base` (None: from scratch)."""
+        if base is None:
+            return decode_genome(self.table, self.init_scale, self.mutation_power, key)
+        theta = base.copy()
+        for seed in key[start:]:
+            _mutate(theta, self.table, seed, self._sigma32, self._tmp)
         return theta
 
     def clear(self) -> None:
@@ -148,10 +180,14 @@ class GenomeDecoder:
         self._cache.clear()
         self._cached_bytes = 0
 
-    def _insert(self, key: tuple[int, ...], theta: np.ndarray) -> None:
-        self._cache[key] = theta
-        self._cached_bytes += theta.nbytes
-        # Evict least recently used entries, but always keep the newest one.
-        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+    def _insert(self, key: tuple[int, ...], theta: np.ndarray, hot: bool) -> None:
+        if key in self._cache:
+            return
+        # Make room first, so the new entry is never its own victim.
+        while self._cache and self._cached_bytes + theta.nbytes > self.cache_bytes:
             _, old = self._cache.popitem(last=False)
             self._cached_bytes -= old.nbytes
+        self._cache[key] = theta
+        self._cached_bytes += theta.nbytes
+        if not hot:
+            self._cache.move_to_end(key, last=False)
