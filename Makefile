@@ -8,7 +8,8 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 ENV ?= CartPole-v1
 WORKERS ?= 2
-TRAIN_ARGS ?=
+# The default shows a population learning: its mean score climbs over 20 generations (~1 min).
+TRAIN_ARGS ?= --generations 20 --no-target
 
 .PHONY: install train test lint stubs clean
 

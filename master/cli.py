@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -67,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="stop once the elite's re-evaluated mean reaches this "
         "(default: the env's reward threshold, if it has one)",
+    )
+    budget.add_argument(
+        "--no-target",
+        action="store_true",
+        help="never stop at a target score; run the other budgets out",
     )
     ga = p.add_argument_group("genetic algorithm (defaults: the paper's for Atari)")
     ga.add_argument("--population", type=int, dest="population_size")
@@ -134,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             k: getattr(args, k) for k in GA_FLAGS + RUN_FLAGS if getattr(args, k) is not None
         }
         config = preset(kind, **overrides)
+        if args.no_target:
+            config = dataclasses.replace(config, target_score=None)
     except (ValueError, TypeError) as error:
         parser.error(str(error))
     run_dir = Path(
