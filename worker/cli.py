@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import socket
 import sys
 import uuid
+from pathlib import Path
 
 DEFAULT_MASTER = "127.0.0.1:8080"
 
@@ -28,6 +30,18 @@ def worker_main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="tasks to hold beyond the running one, so no round trip idles it",
+    )
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=int(os.environ.get("NEURO_SLOTS", "1")),
+        help="episodes run at once; episodes of one genome share a batched forward pass "
+        "(env NEURO_SLOTS; default %(default)s)",
+    )
+    parser.add_argument(
+        "--stats-file",
+        default=None,
+        help="write the worker's counters and time breakdown here (JSON) on exit",
     )
     parser.add_argument(
         "--torch-threads",
@@ -56,6 +70,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.prefetch < 0:
         parser.error(f"--prefetch must be >= 0, got {args.prefetch}")
+    if args.slots < 1:
+        parser.error(f"--slots must be >= 1, got {args.slots}")
     if args.torch_threads < 1:
         parser.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
     logging.basicConfig(
@@ -74,12 +90,17 @@ def worker_main(argv: list[str] | None = None) -> int:
         Evaluator(args.noise_cache, args.decode_cache_mb * 2**20),
         prefetch=args.prefetch,
         give_up_after_s=args.give_up_after,
+        slots=args.slots,
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: client.stop())
     logging.info("worker %s joining master %s", worker_id, args.master)
     code = client.run()
     logging.info("worker %s done: %s", worker_id, client.counters)
+    if args.stats_file:
+        stats = {"worker_id": worker_id, "slots": args.slots, **client.counters.__dict__,
+                 **client.timers.as_dict()}  # fmt: skip
+        Path(args.stats_file).write_text(json.dumps(stats, indent=2))
     return code
 
 

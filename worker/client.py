@@ -20,7 +20,7 @@ from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
 from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator
 from worker.noise import NoiseTableSpec
-from worker.rollout import EpisodeInterrupted
+from worker.slots import SlotRunner, StepTimers
 
 log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 10.0
@@ -64,7 +64,8 @@ class WorkerCounters:
 class _Shared:
     inbox: deque = field(default_factory=deque)
     outbox: list = field(default_factory=list)
-    current: pb.Task | None = None
+    running: dict = field(default_factory=dict)
+    cancelled: list = field(default_factory=list)
     abandoned: list = field(default_factory=list)
     run_complete: bool = False
     fatal: str | None = None
@@ -80,15 +81,17 @@ class WorkerClient:
         evaluator: Evaluator,
         prefetch: int = 1,
         give_up_after_s: float = 0.0,
+        slots: int = 1,
     ) -> None:
         self.address = address
         self.worker_id = worker_id
         self.evaluator = evaluator
         self.prefetch = prefetch
         self.give_up_after_s = give_up_after_s
+        self.slots = slots
         self.counters = WorkerCounters()
+        self.timers = StepTimers()
         self._stop = threading.Event()
-        self._cancel_current = threading.Event()
         self._wake = threading.Condition()
         self._shared = _Shared()
         self._unsupported_envs: set[str] = set()
@@ -120,55 +123,80 @@ class WorkerClient:
 
     def _work_loop(self) -> None:
         shared = self._shared
-        while not self._stop.is_set():
+        runner = SlotRunner(self.evaluator, self.slots, self.timers)
+        while True:
             with self._wake:
-                while not shared.inbox and not self._finished():
-                    self._wake.wait(0.5)
-                if self._finished() and not shared.inbox:
+                for task_id in shared.cancelled:
+                    if runner.drop(task_id) is not None:
+                        self.counters.tasks_dropped += 1
+                    shared.running.pop(task_id, None)
+                shared.cancelled.clear()
+                if self._stop.is_set() or shared.fatal:
+                    self._abandon(runner)
                     return
-                task = shared.inbox.popleft()
-                shared.current = task
-                self._cancel_current.clear()
-                self._wake.notify_all()  # room to lease the next one now
-            result = self._run_task(task)
+                starting = []
+                while len(starting) < runner.free and shared.inbox:
+                    task = shared.inbox.popleft()
+                    shared.running[task.task_id] = task
+                    starting.append(task)
+                if not starting and not runner.busy:
+                    if self._finished():
+                        return
+                    waited = time.perf_counter()
+                    self._wake.wait(0.5)
+                    self.timers.wait_s += time.perf_counter() - waited
+                    continue
+            for task in starting:
+                self._start(runner, task)
+            if runner.busy:
+                finished = runner.step()
+                if finished:
+                    self._finish(finished)
+
+    def _start(self, runner: SlotRunner, task: pb.Task) -> None:
+        try:
+            runner.start(task.task_id, task, spec_from_task(task))
+        except Exception as error:  # a task that cannot start is reported; the master decides
+            if isinstance(error, EnvBuildError):
+                self._unsupported_envs.add(task.env.env_id)
+            else:
+                log.exception("task %s could not start", task.task_id)
+            result = pb.TaskResult(task_id=task.task_id, run_id=task.run_id, error=str(error))
+            self.counters.tasks_failed += 1
             with self._wake:
-                shared.current = None
-                if result is not None:
-                    shared.outbox.append(result)
+                self._shared.running.pop(task.task_id, None)
+                self._shared.outbox.append(result)
                 self._wake.notify_all()
 
-    def _finished(self) -> bool:
-        s = self._shared
-        return self._stop.is_set() or s.fatal is not None or (s.run_complete and not s.inbox)
-
-    def _run_task(self, task: pb.Task) -> pb.TaskResult | None:
-        result = pb.TaskResult(task_id=task.task_id, run_id=task.run_id)
-        try:
-            evaluation = self.evaluator.evaluate(spec_from_task(task), self._interrupted)
-        except EpisodeInterrupted:
-            self.counters.tasks_dropped += 1
-            if self._stop.is_set():
-                with self._wake:
-                    self._shared.abandoned.append(task.task_id)
-            return None
-        except EnvBuildError as error:
-            self._unsupported_envs.add(task.env.env_id)
-            result.error = str(error)
-        except Exception as error:  # a bad task must not kill the worker; the master decides
-            log.exception("task %s failed", task.task_id)
-            result.error = f"{type(error).__name__}: {error}"
-        else:
+    def _finish(self, finished: list) -> None:
+        results = []
+        for task_id, task, evaluation in finished:
+            result = pb.TaskResult(task_id=task_id, run_id=task.run_id)
             result.episode_returns.extend(evaluation.returns)
             result.episode_frames.extend(evaluation.frames)
             result.frames = sum(evaluation.frames)
             self.counters.tasks_done += 1
             self.counters.frames += result.frames
-            return result
-        self.counters.tasks_failed += 1
-        return result
+            results.append(result)
+        with self._wake:
+            for result in results:
+                self._shared.running.pop(result.task_id, None)
+            self._shared.outbox.extend(results)
+            self._wake.notify_all()
 
-    def _interrupted(self) -> bool:
-        return self._stop.is_set() or self._cancel_current.is_set()
+    def _abandon(self, runner: SlotRunner) -> None:
+        """On stop: drop every running episode; the link thread hands the tasks back."""
+        shared = self._shared
+        for task_id in list(shared.running):
+            runner.drop(task_id)
+            shared.abandoned.append(task_id)
+            self.counters.tasks_dropped += 1
+        shared.running.clear()
+        self._wake.notify_all()
+
+    def _finished(self) -> bool:
+        s = self._shared
+        return self._stop.is_set() or s.fatal is not None or (s.run_complete and not s.inbox)
 
     # -- link thread: the master ----------------------------------------------------------
 
@@ -225,17 +253,17 @@ class WorkerClient:
             channel.close()
 
     def _room(self) -> int:
-        """How many more tasks to lease: the running one plus `prefetch` waiting."""
+        """How many more tasks to lease: one per slot plus `prefetch` waiting."""
         shared = self._shared
         if shared.run_complete or shared.fatal:
             return 0
-        return 1 + self.prefetch - len(shared.inbox) - (shared.current is not None)
+        return self.slots + self.prefetch - len(shared.inbox) - len(shared.running)
 
     def _settle_current(self) -> None:
         """On stop, let the main thread abandon (or finish) its episode before handing back."""
         deadline = time.monotonic() + CALL_TIMEOUT_S
         with self._wake:
-            while self._shared.current is not None and time.monotonic() < deadline:
+            while self._shared.running and time.monotonic() < deadline:
                 self._wake.wait(0.05)
 
     def _fail(self, reason: str) -> None:
@@ -287,9 +315,7 @@ class WorkerClient:
     def _heartbeat(self, stub: pb_grpc.EvolutionStub) -> float:
         """Extends held leases; returns seconds until the next heartbeat."""
         with self._wake:
-            held = list(self._shared.inbox)
-            if self._shared.current is not None:
-                held.append(self._shared.current)
+            held = list(self._shared.inbox) + list(self._shared.running.values())
         if not held:
             return 1.0
         reply = stub.Heartbeat(
@@ -305,16 +331,13 @@ class WorkerClient:
             with self._wake:
                 shared = self._shared
                 shared.inbox = deque(t for t in shared.inbox if t.task_id not in dropped)
-                if shared.current is not None and shared.current.task_id in dropped:
-                    self._cancel_current.set()
+                shared.cancelled.extend(t for t in dropped if t in shared.running)
         return min(t.lease_seconds for t in held) / 4.0
 
     def _hand_back(self, stub: pb_grpc.EvolutionStub) -> None:
         with self._wake:
             shared = self._shared
-            held = [t.task_id for t in shared.inbox] + shared.abandoned
-            if shared.current is not None:
-                held.append(shared.current.task_id)
+            held = [t.task_id for t in shared.inbox] + shared.abandoned + list(shared.running)
             shared.inbox.clear()
             shared.abandoned = []
         if held:

@@ -54,7 +54,7 @@ class Evaluator:
         """Plays spec.episodes episodes; the first reset is seeded with spec.env_seed."""
         handle = self._env(spec.env_id, spec.atari_dynamics)
         policy = self._policy(spec, handle)
-        decoder = self._decoder(spec, policy)
+        decoder = self.decoder(spec, policy)
         policy.load_parameters(decoder.decode(spec.seeds))
         returns, frames = [], []
         for episode in range(spec.episodes):
@@ -66,7 +66,7 @@ class Evaluator:
 
     def decoder_for(self, spec: EvaluationSpec) -> GenomeDecoder:
         """The decoder (and its cache) this spec's genomes go through."""
-        return self._decoder(spec, self._policy(spec, self._env(spec.env_id, spec.atari_dynamics)))
+        return self.decoder(spec, self._policy(spec, self._env(spec.env_id, spec.atari_dynamics)))
 
     def _env(self, env_id: str, dynamics: str) -> EnvHandle:
         key = (env_id, dynamics)
@@ -86,8 +86,10 @@ class Evaluator:
             )
         return self._policies[key]
 
-    def _decoder(self, spec: EvaluationSpec, policy: Policy) -> GenomeDecoder:
-        key = (spec.noise_table, spec.mutation_power, id(policy))
+    def decoder(self, spec: EvaluationSpec, policy: Policy) -> GenomeDecoder:
+        """One decoder (and parent cache) per network shape, noise table and sigma."""
+        key = (spec.noise_table, spec.mutation_power, spec.architecture, spec.hidden_sizes,
+               spec.env_id, spec.atari_dynamics)  # fmt: skip
         if key not in self._decoders:
             table = load_noise_table(spec.noise_table, self._noise_cache_dir)
             self._decoders[key] = GenomeDecoder(
