@@ -71,6 +71,8 @@ class Fleet:
         self._finished_task_ids: set[str] = set()
         self.run_complete = False
         self.reissued_total = 0
+        self.frames_accepted = 0
+        """Frames of every accepted result so far, for throughput figures."""
 
     async def evaluate(self, requests: Sequence[EvaluationRequest]) -> PhaseOutcome:
         """Hands the requests out as tasks and waits until every one is recorded."""
@@ -111,6 +113,8 @@ class Fleet:
         if table is None or task_id not in table:
             return self._unknown(task_id)
         disposition = table.complete_task(task_id, returns, frames)
+        if disposition is Disposition.ACCEPTED:
+            self.frames_accepted += frames
         self._wake_if_complete()
         return disposition
 
