@@ -157,3 +157,14 @@ def test_zero_mutation_power_keeps_init(table, mlp_scale):
     base = decode_genome(table, mlp_scale, 0.0, [5])
     # Compared by value: adding +0.0 turns the -0.0 biases into +0.0.
     np.testing.assert_array_equal(decode_genome(table, mlp_scale, 0.0, [5, 6, 7]), base)
+
+
+def test_evicted_memory_is_reused_only_when_no_caller_holds_it(table, mlp_scale):
+    decoder = GenomeDecoder(table, mlp_scale, SIGMA, cache_bytes=2 * mlp_scale.nbytes)
+    held = decoder.decode([1])  # a caller keeps this one
+    kept = held.copy()
+    for seed in range(2, 12):
+        child = decoder.decode([1, seed])
+        assert child.tobytes() == decode_genome(table, mlp_scale, SIGMA, [1, seed]).tobytes()
+    assert held.tobytes() == kept.tobytes()  # never recycled under the caller's feet
+    assert not held.flags.writeable

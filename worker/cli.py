@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
 import socket
 import sys
 import uuid
-from pathlib import Path
 
 DEFAULT_MASTER = "127.0.0.1:8080"
 
@@ -41,7 +39,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stats-file",
         default=None,
-        help="write the worker's counters and time breakdown here (JSON) on exit",
+        help="keep the worker's counters and time breakdown in this JSON file (every 5 s)",
     )
     parser.add_argument(
         "--torch-threads",
@@ -91,6 +89,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         prefetch=args.prefetch,
         give_up_after_s=args.give_up_after,
         slots=args.slots,
+        stats_path=args.stats_file,
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: client.stop())
@@ -98,9 +97,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     code = client.run()
     logging.info("worker %s done: %s", worker_id, client.counters)
     if args.stats_file:
-        stats = {"worker_id": worker_id, "slots": args.slots, **client.counters.__dict__,
-                 **client.timers.as_dict()}  # fmt: skip
-        Path(args.stats_file).write_text(json.dumps(stats, indent=2))
+        client.write_stats()
     return code
 
 

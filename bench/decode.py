@@ -1,0 +1,131 @@
+"""Genome decoding cost for the paper's 4M network: it must not grow with the generation.
+
+Measures, in one run on one core: a mutation from the shared noise table versus generating the
+same Gaussian noise per seed (torch, NumPy); a generation-1 child and a generation-1000 child
+with their parent cached (the ratio must stay near 1); a cold decode of a 1000-entry genome.
+
+    python bench/decode.py --json bench/results/decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def best_of(fn, repeats: int) -> float:
+    """Median seconds of `repeats` calls (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--generations", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--policy", default="deepga", choices=("deepga", "nature", "mlp"))
+    parser.add_argument("--noise-table-size", type=int, default=2**26)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {0})
+
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    from worker.decode import GenomeDecoder, decode_genome
+    from worker.noise import NoiseTableSpec, load_noise_table
+    from worker.policies import build_policy
+
+    torch.set_num_threads(1)
+    if args.policy == "mlp":
+        spaces = (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+    else:
+        spaces = (gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(18))
+    policy = build_policy(args.policy, *spaces)
+    n = policy.num_params
+    scale = policy.init_scale()
+    started = time.perf_counter()
+    table = load_noise_table(NoiseTableSpec(size=args.noise_table_size))
+    np.asarray(table[::4096]).sum()  # fault the pages in: first use is not the steady state
+    table_load_s = time.perf_counter() - started
+    sigma = 0.002
+    rng = np.random.default_rng(0)
+    seeds = [int(s) for s in rng.integers(0, 2**32, size=args.generations + args.repeats + 2)]
+
+    theta = np.zeros(n, np.float32)
+    tmp = np.empty(n, np.float32)
+
+    def table_mutation():
+        offset = int(rng.integers(0, args.noise_table_size - n))
+        np.multiply(table[offset : offset + n], np.float32(sigma), out=tmp)
+        np.add(theta, tmp, out=theta)
+
+    generator = torch.Generator().manual_seed(0)
+
+    def torch_noise_mutation():
+        theta_t = torch.from_numpy(theta)
+        theta_t.add_(torch.randn(n, generator=generator), alpha=sigma)
+
+    numpy_generator = np.random.default_rng(1)
+
+    def numpy_noise_mutation():
+        theta.__iadd__(numpy_generator.standard_normal(n, dtype=np.float32) * np.float32(sigma))
+
+    mutation = {
+        "noise_table_slice_add_ms": best_of(table_mutation, args.repeats) * 1e3,
+        "torch_randn_per_seed_ms": best_of(torch_noise_mutation, args.repeats) * 1e3,
+        "numpy_generator_per_seed_ms": best_of(numpy_noise_mutation, args.repeats) * 1e3,
+    }
+
+    def child_cost(parent_length: int) -> float:
+        decoder = GenomeDecoder(table, scale, sigma)
+        parent = seeds[:parent_length]
+        decoder.decode(parent)  # cached, as it is for the workers that run its children
+        children = iter(seeds[parent_length:])
+        return best_of(lambda: decoder.decode([*parent, next(children)]), args.repeats)
+
+    gen1 = child_cost(1)
+    gen_n = child_cost(args.generations - 1)
+    cold = best_of(lambda: decode_genome(table, scale, sigma, seeds[: args.generations]), 3)
+    result = {
+        "policy": args.policy,
+        "params": n,
+        "noise_table_size": args.noise_table_size,
+        "noise_table_load_s": table_load_s,
+        "mutation": mutation,
+        "table_speedup_vs_torch_randn": mutation["torch_randn_per_seed_ms"]
+        / mutation["noise_table_slice_add_ms"],
+        "child_generation_1_ms": gen1 * 1e3,
+        f"child_generation_{args.generations}_ms": gen_n * 1e3,
+        "child_cost_ratio": gen_n / gen1,
+        f"cold_decode_{args.generations}_entries_s": cold,
+    }
+    print(f"decode, {args.policy} ({n:,} params), one core:")
+    for key, value in mutation.items():
+        print(f"  one mutation, {key}: {value:.2f}")
+    print(f"  child of a cached parent: generation 1 {gen1 * 1e3:.2f} ms, generation "
+          f"{args.generations} {gen_n * 1e3:.2f} ms, ratio {gen_n / gen1:.2f}")  # fmt: skip
+    print(f"  cold decode of a {args.generations}-entry genome: {cold:.2f} s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
