@@ -7,6 +7,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from master.ga import EvaluationRequest
 from master.leases import Disposition, LeaseCounters, LeaseTable, PhaseTask
@@ -23,6 +24,15 @@ class PhaseOutcome:
     episodes: int
 
 
+class TaskOutcome(NamedTuple):
+    """One reported task: its episode returns and frames, or the error that stopped it."""
+
+    task_id: str
+    returns: Sequence[float]
+    frames: int
+    error: str = ""
+
+
 @dataclass(frozen=True)
 class FleetSettings:
     run_id: str
@@ -35,8 +45,19 @@ class FleetSettings:
 
 def env_seed_for(run_seed: int, task_id: str) -> int:
     """A task's env seed: fixed by the run seed and the task id, whichever worker runs it."""
-    digest = hashlib.blake2b(f"{run_seed}:{task_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    return env_seeds(run_seed)(task_id)
+
+
+def env_seeds(run_seed: int) -> Callable[[str], int]:
+    """env_seed_for with the run seed fixed; the "run_seed:" prefix is hashed once."""
+    prefix = hashlib.blake2b(f"{run_seed}:".encode(), digest_size=8)
+
+    def seed(task_id: str) -> int:
+        hasher = prefix.copy()
+        hasher.update(task_id.encode())
+        return int.from_bytes(hasher.digest(), "little") >> 1
+
+    return seed
 
 
 def split_into_tasks(
@@ -44,12 +65,12 @@ def split_into_tasks(
 ) -> list[PhaseTask]:
     """One task per `episodes_per_task` episodes, so long re-evaluations spread over workers."""
     tasks = []
+    per_task, seed = settings.episodes_per_task, env_seeds(settings.run_seed)
     for request in requests:
-        for first in range(0, request.episodes, settings.episodes_per_task):
-            count = min(settings.episodes_per_task, request.episodes - first)
+        for first in range(0, request.episodes, per_task):
+            count = min(per_task, request.episodes - first)
             task_id = f"{request.key}/{first}"
-            seed = env_seed_for(settings.run_seed, task_id)
-            tasks.append(PhaseTask(task_id, request.key, request.genome, count, seed))
+            tasks.append(PhaseTask(task_id, request.key, request.genome, count, seed(task_id)))
     return tasks
 
 
@@ -105,31 +126,38 @@ class Fleet:
             return []
         return self._table.lease(worker_id, max_tasks, self._clock())
 
-    def report(
-        self, worker_id: str, task_id: str, returns: Sequence[float], frames: int
-    ) -> Disposition:
+    def report_many(self, worker_id: str, outcomes: Sequence[TaskOutcome]) -> list[Disposition]:
+        """Records a batch of results and failures; one disposition per outcome, in order.
+
+        Raises ValueError, having recorded nothing, if a result of this phase carries a number
+        of episode returns other than its task's.
+        """
         self._seen(worker_id)
         table = self._table
-        if table is None or task_id not in table:
-            return self._unknown(task_id)
-        disposition = table.complete_task(task_id, returns, frames)
-        if disposition is Disposition.ACCEPTED:
-            self.frames_accepted += frames
-        self._wake_if_complete()
-        return disposition
-
-    def episodes_of(self, task_id: str) -> int | None:
-        """Episodes a report of this task must carry; None when it is not in this phase."""
-        return self._table.episodes_of(task_id) if self._table is not None else None
-
-    def report_failure(self, worker_id: str, task_id: str, error: str) -> Disposition:
-        self._seen(worker_id)
-        table = self._table
-        if table is None or task_id not in table:
-            return self._unknown(task_id)
-        disposition = table.fail_task(task_id, error)
-        self._wake_if_complete()
-        return disposition
+        if table is None:
+            return [self._unknown(outcome.task_id) for outcome in outcomes]
+        for task_id, returns, _, error in outcomes:
+            expected = table.episodes_of(task_id)
+            if not error and expected is not None and expected != len(returns):
+                raise ValueError(
+                    f"task {task_id[:80]}: {len(returns)} episode_returns, "
+                    f"the task has {expected} episodes"
+                )
+        dispositions = []
+        try:
+            for task_id, returns, frames, error in outcomes:
+                if error:
+                    disposition = table.fail_task(task_id, error)
+                else:
+                    disposition = table.complete_task(task_id, returns, frames)
+                    if disposition is Disposition.ACCEPTED:
+                        self.frames_accepted += frames
+                if disposition is Disposition.STALE:
+                    disposition = self._unknown(task_id)
+                dispositions.append(disposition)
+        finally:
+            self._wake_if_complete()
+        return dispositions
 
     def heartbeat(self, worker_id: str, task_ids: Iterable[str]) -> list[str]:
         self._seen(worker_id)

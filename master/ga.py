@@ -29,7 +29,13 @@ class Genome:
 
     def child(self, seed: int) -> Genome:
         """This genome with one more mutation."""
-        return Genome((*self.seeds, seed))
+        if not 0 <= seed < SEED_BOUND:
+            raise ValueError(f"genome seed {seed!r} is outside [0, 2**32)")
+        # The parent's seeds were checked when it was made. A genome grows by one seed per
+        # generation, so checking them all again would cost O(generation) per child.
+        child = object.__new__(Genome)
+        object.__setattr__(child, "seeds", (*self.seeds, seed))
+        return child
 
 
 @dataclass(frozen=True)
@@ -286,16 +292,17 @@ class GeneticAlgorithm:
         return summary
 
     def _next_population(self) -> list[Genome]:
-        size = self.config.population_size
         carried = [self.state.elite] if self.state.elite is not None else []
-        children: list[Genome] = []
-        for _ in range(size - len(carried)):
-            if self.config.truncation == 0 or not self.state.parents:
-                children.append(self._fresh_genome())
-            else:
-                parent = self.state.parents[int(self._rng.integers(len(self.state.parents)))]
-                children.append(parent.child(self._draw_seed()))
-        return children + carried
+        count = self.config.population_size - len(carried)
+        parents = self.state.parents
+        if self.config.truncation == 0 or not parents:
+            seeds = self._rng.integers(SEED_BOUND, size=count, dtype=np.uint64).tolist()
+            return [Genome((seed,)) for seed in seeds] + carried
+        # Vectorised draws: per-child scalar calls would cost more than the rest of a
+        # generation's bookkeeping.
+        picks = self._rng.integers(len(parents), size=count).tolist()
+        seeds = self._rng.integers(SEED_BOUND, size=count, dtype=np.uint64).tolist()
+        return [parents[i].child(seed) for i, seed in zip(picks, seeds, strict=True)] + carried
 
     def _fresh_genome(self) -> Genome:
         return Genome((self._draw_seed(),))

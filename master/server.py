@@ -7,9 +7,10 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -65,8 +66,12 @@ async def start_master(
     host: str = "127.0.0.1",
     port: int = 0,
     out: TextIO | None = sys.stdout,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> Master:
-    """Binds the server (port 0 picks a free one) and prepares the trainer; does not train."""
+    """Binds the server (port 0 picks a free one) and prepares the trainer; does not train.
+
+    `options` are gRPC channel arguments for the server (e.g. ("grpc.so_reuseport", 0)).
+    """
     fleet = Fleet(
         FleetSettings(
             run_id=config.run_id,
@@ -87,7 +92,7 @@ async def start_master(
         config.env_id,
         out=out,
     )
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=list(options))
     pb_grpc.add_EvolutionServicer_to_server(
         EvolutionService(fleet, task_template(config), trainer.status), server
     )

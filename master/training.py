@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
 import time
@@ -61,6 +62,7 @@ class Trainer:
         self.evaluations = 0
         self.records: list[GenerationRecord] = []
         self._started = clock()
+        self._saving: asyncio.Future[None] | None = None
 
     async def run(self) -> list[GenerationRecord]:
         """Trains until the budget is spent; returns every generation's record."""
@@ -69,6 +71,7 @@ class Trainer:
                 await self._generation()
         finally:
             self.fleet.run_complete = True
+            await self._saved()
         return self.records
 
     async def _generation(self) -> None:
@@ -87,15 +90,32 @@ class Trainer:
             self.fleet.counters().reissued - reissued_before,
         )
         self.records.append(record)
-        self.run_dir.append_metrics(record)
+        document = None
         if summary.elite is not None:
             document = self.genome_document(summary.elite)
             document.update(
                 generation=summary.generation, elite_score=_json_float(summary.elite_score)
             )
-            self.run_dir.save_elite(document, summary.elite_score)
+        # The files are written and fsynced on a thread while the next generation runs, so a
+        # slow disk stalls no worker's call; one write at a time keeps them in order.
+        await self._saved()
+        self._saving = asyncio.ensure_future(
+            asyncio.to_thread(self._save, record, document, summary.elite_score)
+        )
         if self.out is not None:
             print(progress_line(record, self.fleet.workers_connected()), file=self.out, flush=True)
+
+    def _save(self, record: GenerationRecord, elite: dict[str, Any] | None, score: float) -> None:
+        self.run_dir.append_metrics(record)
+        if elite is not None:
+            self.run_dir.save_elite(elite, score)
+
+    async def _saved(self) -> None:
+        """Waits for the previous generation's files (and raises what writing them raised)."""
+        if self._saving is not None:
+            # Shielded: a cancelled run still finishes the files it started writing.
+            await asyncio.shield(self._saving)
+            self._saving = None
 
     def _record(
         self, summary: GenerationSummary, frames: int, evaluations: int, reissued: int
