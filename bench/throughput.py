@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--population", type=int, default=20)
     parser.add_argument("--policy", default="deepga", choices=("deepga", "nature"))
     parser.add_argument("--workers", type=int, default=os.cpu_count())
-    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--noise-table-size", type=int, default=2**26)
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--elite-episodes", type=int, default=0, help=argparse.SUPPRESS)

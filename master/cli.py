@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import os
 import sys
@@ -139,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {
             k: getattr(args, k) for k in GA_FLAGS + RUN_FLAGS if getattr(args, k) is not None
         }
-        config = preset(kind, **overrides)
         if args.no_target:
-            config = dataclasses.replace(config, target_score=None)
+            overrides["target_score"] = None
+        config = preset(kind, **overrides)
     except (ValueError, TypeError) as error:
         parser.error(str(error))
     run_dir = Path(

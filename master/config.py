@@ -113,7 +113,7 @@ def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
     ga_fields = {f.name for f in dataclasses.fields(GAConfig)}
     ga_overrides = {k: overrides.pop(k) for k in list(overrides) if k in ga_fields}
     if kind.atari:
-        ga = GAConfig(**ga_overrides)
+        ga = _ga_config({}, ga_overrides)
         base: dict[str, Any] = {
             "architecture": "deepga",
             "noise_table_size": PAPER_NOISE_TABLE_SIZE,
@@ -127,12 +127,23 @@ def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
             "elite_candidates": 3,
             "elite_episodes": 30,
         }
-        ga = GAConfig(**{**ga_defaults, **ga_overrides})
+        ga = _ga_config(ga_defaults, ga_overrides)
         base = {
             "architecture": "mlp",
             "hidden_sizes": (64, 64),
             "noise_table_size": SMALL_NOISE_TABLE_SIZE,
             "target_score": kind.reward_threshold,
         }
-    settings = {**base, **{k: v for k, v in overrides.items() if v is not None}}
+    # An explicit None is a setting too (target_score=None: no target).
+    settings = {**base, **overrides}
     return RunConfig(env_id=kind.env_id, atari=kind.atari, ga=ga, **settings)
+
+
+def _ga_config(defaults: dict[str, Any], overrides: dict[str, Any]) -> GAConfig:
+    """Defaults the user did not override shrink to fit a small population."""
+    settings = {**defaults, **overrides}
+    population = settings.get("population_size", GAConfig.population_size)
+    for name in ("truncation", "elite_candidates"):
+        if name not in overrides:
+            settings[name] = min(settings.get(name, getattr(GAConfig, name)), population)
+    return GAConfig(**settings)

@@ -32,7 +32,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slots",
         type=int,
-        default=int(os.environ.get("NEURO_SLOTS", "1")),
+        default=int(os.environ.get("NEURO_SLOTS", "16")),
         help="episodes run at once; episodes of one genome share a batched forward pass "
         "(env NEURO_SLOTS; default %(default)s)",
     )

@@ -288,10 +288,11 @@ class WorkerClient:
         if shared.run_complete or shared.fatal:
             return 0
         held = [*shared.inbox, *shared.running.values()]
-        # Lease wide only while everything held is one genome (an elite's re-evaluation):
-        # hoarding tasks of many genomes would leave other workers idle at the phase's end.
-        one_genome = len({_genome_key(t) for t in held}) == 1
-        width = self.slots if one_genome else 1
+        # Lease wide only while everything held is several episodes of one genome (an elite's
+        # re-evaluation); hoarding tasks of many genomes would run them one after another and
+        # leave other workers idle at the end of the phase.
+        re_evaluation = len(held) > 1 and len({_genome_key(t) for t in held}) == 1
+        width = self.slots if re_evaluation else 1
         return width + self.prefetch - len(held)
 
     def _settle_current(self) -> None:
