@@ -1,0 +1,56 @@
+"""Score of uniformly random actions under the run's Atari protocol: the floor of a curve.
+
+python bench/random_play.py --env Frostbite-v4 --episodes 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="Frostbite-v4")
+    parser.add_argument("--episodes", type=int, default=30)
+    parser.add_argument("--max-episode-steps", type=int, default=5000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+
+    import numpy as np
+
+    from worker.envs import make_env
+    from worker.rollout import run_episode
+
+    handle = make_env(args.env)
+    rng = np.random.default_rng(args.seed)
+    n_actions = handle.env.action_space.n
+    scores = []
+    for episode in range(args.episodes):
+        seed = args.seed if episode == 0 else None
+        result = run_episode(lambda _: int(rng.integers(n_actions)), handle,
+                             args.max_episode_steps, seed)  # fmt: skip
+        scores.append(result.total_reward)
+    summary = {
+        "env": args.env,
+        "episodes": args.episodes,
+        "mean": statistics.fmean(scores),
+        "std": statistics.pstdev(scores),
+        "min": min(scores),
+        "max": max(scores),
+    }
+    print(f"random play on {args.env}: mean {summary['mean']:.1f} std {summary['std']:.1f} "
+          f"over {args.episodes} episodes")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
