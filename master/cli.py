@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="failures before an evaluation is recorded as failed (default 5)",
     )
     fleet.add_argument("--episodes-per-task", type=int)
+    p.add_argument(
+        "--checkpoint-seconds",
+        type=float,
+        default=30.0,
+        help="checkpoint this often within a generation (and after each one)",
+    )
     fleet.add_argument(
         "--worker-arg",
         action="append",
@@ -117,6 +123,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra argument for local workers (repeatable)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stdout")
+    security = p.add_argument_group("security (see README: Security)")
+    # The token itself is never a flag: argv is visible to every user of the host in ps.
+    security.add_argument(
+        "--token-file",
+        default=os.environ.get("NEURO_TOKEN_FILE"),
+        help="file holding the shared worker token (env NEURO_TOKEN_FILE, or the token "
+        "itself in env NEURO_TOKEN)",
+    )
+    security.add_argument("--tls-cert", help="PEM certificate chain: serve TLS only")
+    security.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    security.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="allow a non-loopback --host without a token (anyone who reaches the port can "
+        "lease and report)",
+    )
     return p
 
 
@@ -127,26 +149,47 @@ RUN_FLAGS = ("generations", "frames", "target_score", "architecture", "hidden_si
              "lease_seconds", "max_task_attempts", "episodes_per_task")  # fmt: skip
 
 
+def _setting(config, name: str):
+    return getattr(config.ga, name) if hasattr(config.ga, name) else getattr(config, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s master %(message)s")
     if args.local_workers < 0:
         parser.error(f"--local-workers must be >= 0, got {args.local_workers}")
-    try:
-        kind = inspect_env_id(args.env)
-        overrides = {
-            k: getattr(args, k) for k in GA_FLAGS + RUN_FLAGS if getattr(args, k) is not None
-        }
-        if args.no_target:
-            overrides["target_score"] = None
-        config = preset(kind, **overrides)
-    except (ValueError, TypeError) as error:
-        parser.error(str(error))
     run_dir = Path(
         args.run_dir or f"runs/{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    from master.server import run_master
+    from master.checkpoint import CheckpointError, load_checkpoint
+    from master.server import resume_config, run_master
+
+    overrides = {k: getattr(args, k) for k in GA_FLAGS + RUN_FLAGS if getattr(args, k) is not None}
+    if args.no_target:
+        overrides["target_score"] = None
+    try:
+        # A run dir with a checkpoint is continued, never overwritten.
+        resume = load_checkpoint(run_dir) if run_dir.exists() else None
+        if resume is not None:
+            budget = {k: overrides.pop(k) for k in ("generations", "frames", "target_score")
+                      if k in overrides}  # fmt: skip
+            saved = resume_config(resume)
+            changed = sorted(k for k, v in overrides.items() if _setting(saved, k) != v)
+            if changed:
+                raise ValueError(
+                    f"{run_dir} holds a checkpoint and resumes with its own settings; "
+                    f"only the budget may change, not {changed}"
+                )
+            config = resume_config(resume, **budget)
+            if config.env_id != args.env:
+                raise ValueError(f"{run_dir} is a run on {config.env_id}, not {args.env}")
+            print(f"neuro master: resuming {run_dir} at generation {resume['ga']['generation']}")
+        else:
+            config = preset(inspect_env_id(args.env), **overrides)
+    except (ValueError, TypeError, CheckpointError) as error:
+        parser.error(str(error))
+    token, tls = _security(parser, args)
 
     try:
         asyncio.run(
@@ -158,9 +201,47 @@ def main(argv: list[str] | None = None) -> int:
                 local_workers=args.local_workers,
                 worker_args=(*args.worker_arg, "--give-up-after", "30"),
                 out=None if args.quiet else sys.stdout,
+                resume=resume,
+                checkpoint_seconds=args.checkpoint_seconds,
+                token=token,
+                tls=tls,
             )
         )
     except (OSError, RuntimeError) as error:
         print(f"neuro-master: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _security(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[str | None, tuple[bytes, bytes] | None]:
+    """The token and TLS material, or a usage error (exit 2) naming the flag or file at fault."""
+    from master.auth import is_loopback, load_token
+
+    try:
+        token = load_token(args.token_file)
+    except ValueError as error:
+        parser.error(str(error))
+    if token is None and not is_loopback(args.host):
+        if not args.insecure_no_token:
+            parser.error(
+                f"--host {args.host} accepts connections from other machines: give a token "
+                "(--token-file, NEURO_TOKEN_FILE or NEURO_TOKEN) or pass --insecure-no-token"
+            )
+        logging.warning("listening on %s without a token (--insecure-no-token)", args.host)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    if args.tls_cert is None:
+        return token, None
+    if args.local_workers:
+        # Local workers dial 127.0.0.1, a name the certificate rarely carries.
+        parser.error("--local-workers cannot be combined with --tls-cert; start neuro-worker "
+                     "--tls-ca CERT on this machine instead")  # fmt: skip
+    tls = []
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        try:
+            tls.append(Path(path).read_bytes())
+        except OSError as error:
+            parser.error(f"{flag} {path}: {error.strerror}")
+    return token, (tls[0], tls[1])

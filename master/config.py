@@ -89,6 +89,14 @@ class RunConfig:
         data["hidden_sizes"] = list(self.hidden_sizes)
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """Inverse of to_dict (a checkpoint's copy of the settings)."""
+        fields = dict(data)
+        fields["ga"] = GAConfig(**fields["ga"])
+        fields["hidden_sizes"] = tuple(fields["hidden_sizes"])
+        return cls(**fields)
+
     def genome_document(self, genome: Genome) -> dict[str, Any]:
         """A genome with everything needed to rebuild and replay it, as saved in JSON."""
         return {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -87,6 +87,7 @@ class Fleet:
         self.settings = settings
         self._clock = clock
         self._table: LeaseTable | None = None
+        self._interrupted: dict[str, tuple[tuple[float, ...], int]] = {}
         self._phase_done = asyncio.Event()
         self._workers_seen: dict[str, float] = {}
         self._finished_task_ids: set[str] = set()
@@ -95,12 +96,23 @@ class Fleet:
         self.frames_accepted = 0
         """Frames of every accepted result so far, for throughput figures."""
 
-    async def evaluate(self, requests: Sequence[EvaluationRequest]) -> PhaseOutcome:
-        """Hands the requests out as tasks and waits until every one is recorded."""
+    async def evaluate(
+        self,
+        requests: Sequence[EvaluationRequest],
+        recorded: Mapping[str, tuple[Sequence[float], int]] | None = None,
+    ) -> PhaseOutcome:
+        """Hands the requests out as tasks and waits until every one is recorded.
+
+        `recorded` holds tasks of this phase already done before a restart (from a
+        checkpoint); they are not handed out again.
+        """
         if self._table is not None:
             raise RuntimeError("a phase is already running")
         tasks = split_into_tasks(requests, self.settings)
         table = LeaseTable(tasks, self.settings.lease_seconds, self.settings.max_attempts)
+        for task_id, (returns, frames) in (recorded or {}).items():
+            if task_id in table:
+                table.complete_task(task_id, returns, frames)
         self._phase_done.clear()
         self._table = table
         try:
@@ -114,6 +126,8 @@ class Fleet:
         finally:
             self._table = None
             self.reissued_total += table.reissued
+            # Cancelled mid-phase (shutdown): what was recorded still goes into the checkpoint.
+            self._interrupted = {} if table.complete else table.done()
         # Only the last phase's ids are kept: enough to tell a late duplicate from a stranger
         # without growing with the run.
         self._finished_task_ids = {t.task_id for t in tasks}
@@ -170,6 +184,10 @@ class Fleet:
         if self._table is None:
             return 0
         return self._table.release(worker_id, task_ids)
+
+    def recorded(self) -> dict[str, tuple[tuple[float, ...], int]]:
+        """The current (or an interrupted) phase's recorded tasks; empty between phases."""
+        return self._table.done() if self._table is not None else dict(self._interrupted)
 
     def counters(self) -> LeaseCounters:
         if self._table is None:

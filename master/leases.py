@@ -217,6 +217,14 @@ class LeaseTable:
             joined.setdefault(record.task.request_key, []).extend(record.returns or ())
         return joined
 
+    def done(self) -> dict[str, tuple[tuple[float, ...], int]]:
+        """Recorded tasks: id -> (episode returns, frames); what a checkpoint keeps."""
+        return {
+            task_id: (record.returns, record.frames)
+            for task_id, record in self._records.items()
+            if record.returns is not None
+        }
+
     @property
     def frames(self) -> int:
         return sum(r.frames for r in self._records.values())

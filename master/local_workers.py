@@ -15,12 +15,19 @@ log = logging.getLogger(__name__)
 class LocalWorkers:
     """Starts `count` `python -m worker` processes and stops them with the run."""
 
-    def __init__(self, address: str, count: int, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        address: str,
+        count: int,
+        extra_args: tuple[str, ...] = (),
+        token: str | None = None,
+    ) -> None:
         if count < 0:
             raise ValueError(f"local worker count must be >= 0, got {count}")
         self.address = address
         self.count = count
         self.extra_args = extra_args
+        self._token = token
         self.processes: list[subprocess.Popen] = []
 
     def __repr__(self) -> str:
@@ -34,6 +41,10 @@ class LocalWorkers:
             )
         # One torch thread per worker process: W workers on W cores, no oversubscription.
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        if self._token is not None:
+            # Through the environment, not argv: any user on the host can read argv in ps.
+            env["NEURO_TOKEN"] = self._token
+            env.pop("NEURO_TOKEN_FILE", None)  # it would take precedence in the worker
         for index in range(self.count):
             command = [
                 sys.executable, "-m", "worker", "--master", self.address,

@@ -38,12 +38,16 @@ class GenerationRecord:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Writes via a temp file, fsync and rename, so a crash leaves the old file or the new one."""
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Writes via a temp file, fsync and rename, so a crash leaves the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -63,6 +67,18 @@ class RunDirectory:
         self.best_genome_path = self.path / "best_genome.json"
         self.elite_genome_path = self.path / "elite_genome.json"
         self._best_score = -math.inf
+        if self.best_genome_path.exists():  # a resumed run keeps its best so far
+            score = json.loads(self.best_genome_path.read_text()).get("elite_score")
+            self._best_score = score if score is not None else -math.inf
+
+    def truncate_metrics(self, generations: int) -> None:
+        """Keeps the first `generations` lines: those a checkpoint vouches for."""
+        if not self.metrics_path.exists():
+            return
+        lines = self.metrics_path.read_text().splitlines(keepends=True)
+        complete = [line for line in lines if line.endswith("\n")][:generations]
+        if len(complete) != len(lines):
+            write_text_atomic(self.metrics_path, "".join(complete))
 
     def write_config(self, config: dict[str, Any]) -> None:
         write_json_atomic(self.config_path, config)

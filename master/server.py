@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
@@ -15,9 +16,10 @@ from typing import Any, TextIO
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from master.auth import TokenInterceptor
 from master.config import RunConfig
 from master.fleet import Fleet, FleetSettings
-from master.ga import GeneticAlgorithm
+from master.ga import GAState, GeneticAlgorithm
 from master.local_workers import LocalWorkers
 from master.rundir import GenerationRecord, RunDirectory
 from master.service import EvolutionService, TaskTemplate
@@ -44,6 +46,14 @@ class Master:
         await self.server.stop(grace)
 
 
+def resume_config(payload: dict[str, Any], **budget: Any) -> RunConfig:
+    """The checkpointed run's settings; only the budget (generations, frames, target) may change."""
+    unknown = set(budget) - {"generations", "frames", "target_score"}
+    if unknown:
+        raise ValueError(f"a resumed run keeps its settings; cannot change {sorted(unknown)}")
+    return dataclasses.replace(RunConfig.from_dict(payload["config"]), **budget)
+
+
 def task_template(config: RunConfig) -> TaskTemplate:
     dynamics = {
         "paper": pb.ATARI_DYNAMICS_PAPER,
@@ -67,10 +77,17 @@ async def start_master(
     port: int = 0,
     out: TextIO | None = sys.stdout,
     options: Sequence[tuple[str, Any]] = (),
+    resume: dict[str, Any] | None = None,
+    checkpoint_seconds: float = 30.0,
+    token: str | None = None,
+    tls: tuple[bytes, bytes] | None = None,
 ) -> Master:
     """Binds the server (port 0 picks a free one) and prepares the trainer; does not train.
 
     `options` are gRPC channel arguments for the server (e.g. ("grpc.so_reuseport", 0)).
+    `resume` is a checkpoint payload (see resume_config): the run continues where it stopped.
+    `token`: every call but the health check must carry it (master.auth). `tls`: (certificate
+    chain, private key) PEM; the port then speaks only TLS.
     """
     fleet = Fleet(
         FleetSettings(
@@ -83,22 +100,35 @@ async def start_master(
     )
     directory = RunDirectory(run_dir)
     directory.write_config(config.to_dict())
+    state = None
+    if resume is not None:
+        state = GAState.from_dict(resume["ga"])
+        directory.truncate_metrics(state.generation)
     trainer = Trainer(
-        GeneticAlgorithm(config.ga),
+        GeneticAlgorithm(config.ga, state),
         fleet,
         Budget(config.generations, config.frames, config.target_score),
         directory,
         config.genome_document,
         config.env_id,
         out=out,
+        config=config.to_dict(),
+        checkpoint_seconds=checkpoint_seconds,
+        resume=resume,
     )
-    server = grpc.aio.server(options=list(options))
+    interceptors = [TokenInterceptor(token)] if token is not None else None
+    server = grpc.aio.server(options=list(options), interceptors=interceptors)
     pb_grpc.add_EvolutionServicer_to_server(
         EvolutionService(fleet, task_template(config), trainer.status), server
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if tls is not None:
+        certificate, key = tls
+        credentials = grpc.ssl_server_credentials([(key, certificate)])
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"could not listen on {host}:{port}")
     await server.start()
@@ -115,11 +145,29 @@ async def run_master(
     local_workers: int = 0,
     worker_args: tuple[str, ...] = (),
     out: TextIO | None = sys.stdout,
+    resume: dict[str, Any] | None = None,
+    checkpoint_seconds: float = 30.0,
+    token: str | None = None,
+    tls: tuple[bytes, bytes] | None = None,
 ) -> list[GenerationRecord]:
-    """Serves and trains until the budget is spent or SIGINT/SIGTERM arrives."""
-    master = await start_master(config, run_dir, host, port, out)
+    """Serves and trains until the budget is spent or SIGINT/SIGTERM arrives.
+
+    On a signal the run is checkpointed, not completed: starting again on the same run dir
+    continues it, and remote workers wait for the master meanwhile.
+    """
+    master = await start_master(
+        config,
+        run_dir,
+        host,
+        port,
+        out,
+        resume=resume,
+        checkpoint_seconds=checkpoint_seconds,
+        token=token,
+        tls=tls,
+    )
     connect_host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
-    workers = LocalWorkers(f"{connect_host}:{master.port}", local_workers, worker_args)
+    workers = LocalWorkers(f"{connect_host}:{master.port}", local_workers, worker_args, token)
     if out is not None:
         print(
             f"neuro master: run {config.run_id} on {config.env_id}, port {master.port}, "

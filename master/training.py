@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from master.checkpoint import save_checkpoint
 from master.fleet import Fleet
-from master.ga import GenerationSummary, GeneticAlgorithm, Genome
+from master.ga import OFFSPRING, GenerationSummary, GeneticAlgorithm, Genome
 from master.rundir import GenerationRecord, RunDirectory
 from neuro.v1 import evolution_pb2 as pb
 
@@ -49,6 +50,9 @@ class Trainer:
         env_id: str,
         out: TextIO | None = sys.stdout,
         clock: Callable[[], float] = time.monotonic,
+        config: dict[str, Any] | None = None,
+        checkpoint_seconds: float = 30.0,
+        resume: dict[str, Any] | None = None,
     ) -> None:
         self.ga = ga
         self.fleet = fleet
@@ -61,25 +65,87 @@ class Trainer:
         self.frames = 0
         self.evaluations = 0
         self.records: list[GenerationRecord] = []
+        self.config = config or {}
+        self.checkpoint_seconds = checkpoint_seconds
         self._started = clock()
         self._saving: asyncio.Future[None] | None = None
+        # Counters when the current generation began: its record spans a restart.
+        self._generation_start = (0, 0, 0)
+        self._recorded: dict[str, tuple[list[float], int]] = {}
+        if resume is not None:
+            self._restore(resume)
+
+    def _restore(self, payload: dict[str, Any]) -> None:
+        trainer = payload["trainer"]
+        self.frames = trainer["frames"]
+        self.evaluations = trainer["evaluations"]
+        self._started = self.clock() - trainer["wall_s"]
+        self._generation_start = tuple(trainer["generation_start"])
+        self.fleet.reissued_total = trainer["leases_reissued"]
+        self._recorded = {
+            task_id: ([math.nan if r is None else r for r in returns], frames)
+            for task_id, (returns, frames) in payload["phase_recorded"].items()
+        }
+
+    def checkpoint_payload(self) -> dict[str, Any]:
+        """Everything needed to continue: GA, counters, and the running phase's results."""
+        recorded = {
+            task_id: ([_json_float(r) for r in returns], frames)
+            for task_id, (returns, frames) in self.fleet.recorded().items()
+        }
+        return {
+            "config": self.config,
+            "ga": self.ga.state.to_dict(),
+            "trainer": {
+                "frames": self.frames,
+                "evaluations": self.evaluations,
+                "wall_s": self.clock() - self._started,
+                "generation_start": list(self._generation_start),
+                "leases_reissued": self.fleet.counters().reissued,
+            },
+            "phase_recorded": recorded,
+        }
+
+    async def checkpoint(self) -> None:
+        """Writes a checkpoint now (after any file still being written)."""
+        payload = self.checkpoint_payload()
+        await self._saved()
+        self._saving = asyncio.ensure_future(
+            asyncio.to_thread(save_checkpoint, self.run_dir.path, payload)
+        )
+        await self._saved()
+
+    async def _checkpoint_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.checkpoint_seconds)
+            await self.checkpoint()
 
     async def run(self) -> list[GenerationRecord]:
-        """Trains until the budget is spent; returns every generation's record."""
+        """Trains until the budget is spent; returns every generation's record.
+
+        Cancelled (SIGTERM), it writes a checkpoint and leaves the run resumable: workers are
+        not told the run is complete, so they wait for the master to come back.
+        """
+        periodic = asyncio.ensure_future(self._checkpoint_periodically())
         try:
             while not self.budget.exhausted(self.ga.generation, self.frames, self.ga.elite_score):
                 await self._generation()
-        finally:
             self.fleet.run_complete = True
-            await self._saved()
+        finally:
+            periodic.cancel()
+            await asyncio.shield(self.checkpoint())
         return self.records
 
     async def _generation(self) -> None:
-        frames_before, evaluations_before = self.frames, self.evaluations
-        reissued_before = self.fleet.counters().reissued
+        if self.ga.phase == OFFSPRING and not self._recorded:
+            self._generation_start = (
+                self.frames, self.evaluations, self.fleet.counters().reissued
+            )  # fmt: skip
+        frames_before, evaluations_before, reissued_before = self._generation_start
         summary = None
         while summary is None:
-            outcome = await self.fleet.evaluate(self.ga.ask())
+            recorded, self._recorded = self._recorded, {}
+            outcome = await self.fleet.evaluate(self.ga.ask(), recorded)
             self.frames += outcome.frames
             self.evaluations += outcome.episodes
             summary = self.ga.tell(outcome.returns)
@@ -98,17 +164,27 @@ class Trainer:
             )
         # The files are written and fsynced on a thread while the next generation runs, so a
         # slow disk stalls no worker's call; one write at a time keeps them in order.
+        payload = self.checkpoint_payload()
         await self._saved()
         self._saving = asyncio.ensure_future(
-            asyncio.to_thread(self._save, record, document, summary.elite_score)
+            asyncio.to_thread(self._save, record, document, summary.elite_score, payload)
         )
         if self.out is not None:
             print(progress_line(record, self.fleet.workers_connected()), file=self.out, flush=True)
 
-    def _save(self, record: GenerationRecord, elite: dict[str, Any] | None, score: float) -> None:
+    def _save(
+        self,
+        record: GenerationRecord,
+        elite: dict[str, Any] | None,
+        score: float,
+        checkpoint: dict[str, Any],
+    ) -> None:
+        # Metrics before the checkpoint: a crash in between leaves a metrics line the
+        # resumed run drops (it truncates metrics.jsonl to the checkpoint's generation).
         self.run_dir.append_metrics(record)
         if elite is not None:
             self.run_dir.save_elite(elite, score)
+        save_checkpoint(self.run_dir.path, checkpoint)
 
     async def _saved(self) -> None:
         """Waits for the previous generation's files (and raises what writing them raised)."""

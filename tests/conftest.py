@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,11 +31,17 @@ def worker_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
-def spawn_worker(port: int, worker_id: str, *extra: str) -> subprocess.Popen:
-    """A real `python -m worker` process pointed at a master on loopback."""
+def spawn_worker(
+    port: int, worker_id: str, *extra: str, env: dict[str, str] | None = None, **popen: Any
+) -> subprocess.Popen:
+    """A real `python -m worker` process pointed at a master on loopback.
+
+    `env` adds variables to the worker's environment; `popen` goes to subprocess.Popen
+    (e.g. stdout/stderr to capture its log).
+    """
     command = [sys.executable, "-m", "worker", "--master", f"127.0.0.1:{port}",
                "--worker-id", worker_id, "--give-up-after", "20", *extra]  # fmt: skip
-    return subprocess.Popen(command, env=worker_env(), cwd=REPO)
+    return subprocess.Popen(command, env={**worker_env(), **(env or {})}, cwd=REPO, **popen)
 
 
 def stop_processes(processes: list[subprocess.Popen], timeout: float = 10.0) -> None:

@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import uuid
+from pathlib import Path
 
 DEFAULT_MASTER = "127.0.0.1:8080"
 
@@ -65,6 +66,18 @@ def worker_main(argv: list[str] | None = None) -> int:
         help="exit after the master is unreachable this many seconds (0: never)",
     )
     parser.add_argument("--log-level", default=os.environ.get("NEURO_LOG_LEVEL", "INFO"))
+    # The token itself is never a flag: argv is visible to every user of the host in ps.
+    parser.add_argument(
+        "--token-file",
+        default=os.environ.get("NEURO_TOKEN_FILE"),
+        help="file holding the master's shared token (env NEURO_TOKEN_FILE, or the token "
+        "itself in env NEURO_TOKEN)",
+    )
+    parser.add_argument(
+        "--tls-ca",
+        default=os.environ.get("NEURO_TLS_CA"),
+        help="PEM root certificate of a TLS master (env NEURO_TLS_CA); plaintext without it",
+    )
     args = parser.parse_args(argv)
     if args.prefetch < 0:
         parser.error(f"--prefetch must be >= 0, got {args.prefetch}")
@@ -72,6 +85,18 @@ def worker_main(argv: list[str] | None = None) -> int:
         parser.error(f"--slots must be >= 1, got {args.slots}")
     if args.torch_threads < 1:
         parser.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
+    from master.auth import load_token
+
+    try:
+        token = load_token(args.token_file)
+    except ValueError as error:
+        parser.error(str(error))
+    root_certificates = None
+    if args.tls_ca:
+        try:
+            root_certificates = Path(args.tls_ca).read_bytes()
+        except OSError as error:
+            parser.error(f"--tls-ca {args.tls_ca}: {error.strerror}")
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s worker %(message)s"
     )
@@ -90,10 +115,15 @@ def worker_main(argv: list[str] | None = None) -> int:
         give_up_after_s=args.give_up_after,
         slots=args.slots,
         stats_path=args.stats_file,
+        token=token,
+        root_certificates=root_certificates,
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: client.stop())
-    logging.info("worker %s joining master %s", worker_id, args.master)
+    logging.info(
+        "worker %s joining master %s (%s, %s)", worker_id, args.master,
+        "TLS" if root_certificates else "plaintext", "token" if token else "no token",
+    )  # fmt: skip
     code = client.run()
     logging.info("worker %s done: %s", worker_id, client.counters)
     if args.stats_file:

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 
@@ -54,6 +55,52 @@ def spec_from_task(task: pb.Task) -> EvaluationSpec:
     )
 
 
+class _CallDetails(NamedTuple):
+    method: str
+    timeout: float | None
+    metadata: tuple | None
+    credentials: grpc.CallCredentials | None
+    wait_for_ready: bool | None
+    compression: grpc.Compression | None
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call (the master's TokenInterceptor)."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = (("authorization", f"Bearer {token}"),)
+
+    def __repr__(self) -> str:
+        return "_BearerToken(<hidden>)"
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        details = _CallDetails(
+            client_call_details.method,
+            client_call_details.timeout,
+            (*(client_call_details.metadata or ()), *self._metadata),
+            client_call_details.credentials,
+            client_call_details.wait_for_ready,
+            client_call_details.compression,
+        )
+        return continuation(details, request)
+
+
+def open_channel(
+    address: str, token: str | None = None, root_certificates: bytes | None = None
+) -> grpc.Channel:
+    """A channel to the master: TLS when given its root certificate, the token on every call."""
+    if root_certificates is not None:
+        credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+        channel = grpc.secure_channel(address, credentials)
+    else:
+        channel = grpc.insecure_channel(address)
+    if token is not None:
+        # An interceptor rather than call credentials: those are refused on plaintext channels,
+        # and a master on loopback may run without TLS.
+        channel = grpc.intercept_channel(channel, _BearerToken(token))
+    return channel
+
+
 @dataclass
 class WorkerCounters:
     tasks_done: int = 0
@@ -87,6 +134,8 @@ class WorkerClient:
         slots: int = 1,
         stats_path: str | None = None,
         stats_interval_s: float = 5.0,
+        token: str | None = None,
+        root_certificates: bytes | None = None,
     ) -> None:
         self.address = address
         self.worker_id = worker_id
@@ -96,6 +145,8 @@ class WorkerClient:
         self.slots = slots
         self.stats_path = stats_path
         self.stats_interval_s = stats_interval_s
+        self._token = token  # private and out of __repr__: it must never reach a log line
+        self._root_certificates = root_certificates
         self.counters = WorkerCounters()
         self.timers = StepTimers()
         self._stop = threading.Event()
@@ -226,7 +277,7 @@ class WorkerClient:
     # -- link thread: the master ----------------------------------------------------------
 
     def _link_loop(self) -> None:
-        channel = grpc.insecure_channel(self.address)
+        channel = open_channel(self.address, self._token, self._root_certificates)
         stub = pb_grpc.EvolutionStub(channel)
         backoff = 0.1
         unavailable_since: float | None = None
@@ -251,6 +302,13 @@ class WorkerClient:
                         next_stats = now + self.stats_interval_s
                     backoff, unavailable_since = 0.1, None
                 except grpc.RpcError as error:
+                    if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+                        # Retrying cannot fix a token; exit so the operator sees it at once.
+                        self._fail(
+                            "master refused the token (UNAUTHENTICATED): check --token-file, "
+                            "NEURO_TOKEN_FILE or NEURO_TOKEN"
+                        )
+                        return
                     if error.code() not in _RETRYABLE:
                         self._fail(f"master refused: {error.code().name}: {error.details()}")
                         return

@@ -1,0 +1,103 @@
+"""Chaos: workers SIGKILLed and replaced every few seconds, the master SIGKILLed twice.
+
+The run must finish its generations with every one scored exactly N + K*E times, and a
+consistent elite chain, whatever was killed when. Everything runs on loopback; the kill loop
+is bounded in count and in time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from master.rundir import read_metrics
+from tests.conftest import REPO, spawn_worker, stop_processes, worker_env
+
+pytestmark = pytest.mark.slow
+
+N, K, E, GENERATIONS = 60, 3, 10, 8
+DEADLINE_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_master(port: int, run_dir: Path, log: Path) -> subprocess.Popen:
+    command = [sys.executable, "-c", "import sys; from master.cli import main; sys.exit(main())",
+               "--env", "CartPole-v1", "--port", str(port), "--run-dir", str(run_dir),
+               "--generations", str(GENERATIONS), "--no-target", "--population", str(N),
+               "--truncation", "5", "--elite-candidates", str(K), "--elite-episodes", str(E),
+               "--lease-seconds", "2", "--checkpoint-seconds", "0.5", "--seed", "9",
+               "--quiet"]  # fmt: skip
+    return subprocess.Popen(command, env=worker_env(), cwd=REPO, stdout=log.open("ab"),
+                            stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def generations_done(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(read_metrics(path)) if path.exists() else 0
+
+
+def test_the_run_survives_killed_workers_and_two_master_crashes(
+    tmp_path: Path, noise_cache: Path
+) -> None:
+    rng = random.Random(4)
+    port, run_dir, log = free_port(), tmp_path / "run", tmp_path / "master.log"
+    master = start_master(port, run_dir, log)
+    names = (f"w{i}" for i in itertools.count())
+    workers = [spawn_worker(port, next(names), "--give-up-after", "60") for _ in range(4)]
+    master_kills = worker_kills = 0
+    started = time.monotonic()
+    try:
+        while master.poll() is None or master_kills < 2:
+            assert time.monotonic() - started < DEADLINE_S, log.read_text()[-3000:]
+            time.sleep(2.0)
+            if master.poll() is not None:
+                assert master.returncode == 0, log.read_text()[-3000:]
+                break
+            done = generations_done(run_dir)
+            # The master dies once early and once late in the run, mid-generation.
+            if master_kills < 2 and done >= (2 if master_kills == 0 else 5):
+                master.send_signal(signal.SIGKILL)
+                master.wait(10)
+                master_kills += 1
+                master = start_master(port, run_dir, log)
+            if worker_kills < 30:
+                victim = rng.randrange(len(workers))
+                workers[victim].send_signal(signal.SIGKILL)
+                workers[victim].wait(10)
+                workers[victim] = spawn_worker(port, next(names), "--give-up-after", "60")
+                worker_kills += 1
+        assert master.wait(DEADLINE_S - (time.monotonic() - started)) == 0, log.read_text()[-3000:]
+    finally:
+        stop_processes([master, *workers])
+    assert master_kills == 2 and worker_kills >= 3
+    assert log.read_text().count("resuming") == 2
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["generation"] for r in records] == list(range(GENERATIONS))
+    frames = evaluations = 0
+    for record in records:
+        # Exactly N + K*E evaluations each: none lost with a killed worker, none counted twice
+        # across a master restart.
+        assert record["generation_evaluations"] == N + K * E
+        assert record["failed_evaluations"] == 0
+        frames += record["generation_frames"]
+        evaluations += record["generation_evaluations"]
+        assert (record["frames"], record["evaluations"]) == (frames, evaluations)
+    assert sum(r["leases_reissued"] for r in records) > 0
+    for previous, record in itertools.pairwise(records):
+        seeds = record["elite_seeds"]
+        # A new elite is a child made this generation: one mutation on a parent of the last.
+        # (Parents can be short: a carried elite is a parent too.)
+        assert seeds == previous["elite_seeds"] or 2 <= len(seeds) <= record["generation"] + 1
