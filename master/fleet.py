@@ -146,9 +146,9 @@ class Fleet:
         Raises ValueError, having recorded nothing, if a result of this phase carries a number
         of episode returns other than its task's.
         """
-        self._seen(worker_id)
         table = self._table
         if table is None:
+            self._seen(worker_id)
             return [self._unknown(outcome.task_id) for outcome in outcomes]
         for task_id, returns, _, error in outcomes:
             expected = table.episodes_of(task_id)
@@ -157,6 +157,7 @@ class Fleet:
                     f"task {task_id[:80]}: {len(returns)} episode_returns, "
                     f"the task has {expected} episodes"
                 )
+        self._seen(worker_id)  # after validation: a refused report changes nothing
         dispositions = []
         try:
             for task_id, returns, frames, error in outcomes:

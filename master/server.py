@@ -22,10 +22,9 @@ from master.fleet import Fleet, FleetSettings
 from master.ga import GAState, GeneticAlgorithm
 from master.local_workers import LocalWorkers
 from master.rundir import GenerationRecord, RunDirectory
-from master.service import EvolutionService, TaskTemplate
+from master.service import MAX_REQUEST_BYTES, EvolutionService, TaskTemplate, add_to_server
 from master.training import Budget, Trainer
 from neuro.v1 import evolution_pb2 as pb
-from neuro.v1 import evolution_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "neuro.v1.Evolution"
@@ -117,10 +116,13 @@ async def start_master(
         resume=resume,
     )
     interceptors = [TokenInterceptor(token)] if token is not None else None
-    server = grpc.aio.server(options=list(options), interceptors=interceptors)
-    pb_grpc.add_EvolutionServicer_to_server(
-        EvolutionService(fleet, task_template(config), trainer.status), server
+    # An explicit cap (gRPC's default): a bigger message gets RESOURCE_EXHAUSTED.
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES), *options],
+        interceptors=interceptors,
     )
+    # Not the generated add_EvolutionServicer_to_server: unparsable bytes get INVALID_ARGUMENT.
+    add_to_server(EvolutionService(fleet, task_template(config), trainer.status), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if tls is not None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from master.fleet import Fleet, TaskOutcome
 from master.leases import Disposition, PhaseTask
@@ -16,6 +18,10 @@ from neuro.v1 import evolution_pb2_grpc as pb_grpc
 
 MAX_TASKS_PER_LEASE = 256
 MAX_ID_LENGTH = 256
+MAX_EPISODE_FRAMES = 2**32 - 1
+"""Far above any real episode; keeps cumulative frame counts inside Status's uint64."""
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""The server's receive limit (grpc's default); a larger request gets RESOURCE_EXHAUSTED."""
 
 _DISPOSITIONS = {
     Disposition.ACCEPTED: pb.RESULT_DISPOSITION_ACCEPTED,
@@ -129,21 +135,72 @@ class EvolutionService(pb_grpc.EvolutionServicer):
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
         await _check_common(request, context)
-        dropped = self._fleet.heartbeat(request.worker_id, list(request.task_ids))
+        task_ids = await _checked_task_ids(request, context)
+        dropped = self._fleet.heartbeat(request.worker_id, task_ids)
         return pb.HeartbeatResponse(dropped_task_ids=dropped)
 
     async def Release(
         self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReleaseResponse:
         await _check_common(request, context)
-        return pb.ReleaseResponse(
-            released=self._fleet.release(request.worker_id, list(request.task_ids))
-        )
+        task_ids = await _checked_task_ids(request, context)
+        return pb.ReleaseResponse(released=self._fleet.release(request.worker_id, task_ids))
 
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.StatusResponse:
         return self._status()
+
+
+def add_to_server(service: EvolutionService, server: grpc.aio.Server) -> None:
+    """Registers the service; a request that does not parse is refused with INVALID_ARGUMENT.
+
+    Use this rather than the generated add_EvolutionServicer_to_server: with its parser, bytes
+    that are not a valid message fail before any handler runs and grpc.aio answers UNKNOWN.
+    """
+    descriptor = pb.DESCRIPTOR.services_by_name["Evolution"]
+    handlers = {}
+    for method in descriptor.methods:
+        request_type = getattr(pb, method.input_type.name)
+        response_type = getattr(pb, method.output_type.name)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            _refusing_malformed(getattr(service, method.name)),
+            request_deserializer=_parser(request_type),
+            response_serializer=response_type.SerializeToString,
+        )
+    generic = grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+    server.add_generic_rpc_handlers((generic,))
+    server.add_registered_method_handlers(descriptor.full_name, handlers)
+
+
+class _Malformed(NamedTuple):
+    """What the parser hands on instead of a request it could not parse."""
+
+    problem: str
+
+
+def _parser(message_type: Any) -> Callable[[bytes], Any]:
+    name = message_type.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as error:
+            return _Malformed(f"request is not a valid {name} ({len(data)} bytes): {error}")
+
+    return parse
+
+
+def _refusing_malformed(
+    method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    @functools.wraps(method)
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.problem)
+        return await method(request, context)
+
+    return handle
 
 
 async def _check_common(request, context: grpc.aio.ServicerContext) -> None:
@@ -160,6 +217,17 @@ async def _check_common(request, context: grpc.aio.ServicerContext) -> None:
         )
 
 
+async def _checked_task_ids(request, context: grpc.aio.ServicerContext) -> list[str]:
+    task_ids = list(request.task_ids)
+    for task_id in task_ids:
+        if not task_id or len(task_id) > MAX_ID_LENGTH:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"task_id must be 1-{MAX_ID_LENGTH} characters, got {task_id[:80]!r}",
+            )
+    return task_ids
+
+
 def _result_problem(
     result: pb.TaskResult, task_id: str, error: str, returns: tuple[float, ...]
 ) -> str | None:
@@ -173,11 +241,17 @@ def _result_problem(
     for value in returns:
         if not math.isfinite(value):
             return f"task {task_id[:80]}: episode return {value!r} is not finite"
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            # A sum of rewards that starts at 0.0 is never -0.0; only a broken client sends it.
+            return f"task {task_id[:80]}: episode return {value!r} is negative zero"
     frames = tuple(result.episode_frames)
     if len(frames) != len(returns):
         return (
             f"task {task_id[:80]}: {len(returns)} episode_returns but {len(frames)} episode_frames"
         )
+    longest = max(frames, default=0)
+    if longest > MAX_EPISODE_FRAMES:
+        return f"task {task_id[:80]}: episode_frames {longest} > {MAX_EPISODE_FRAMES}"
     if sum(frames) != result.frames:
         return f"task {task_id[:80]}: frames {result.frames} != sum of episode_frames {sum(frames)}"
     return None
