@@ -101,3 +101,31 @@ def test_the_run_survives_killed_workers_and_two_master_crashes(
         # A new elite is a child made this generation: one mutation on a parent of the last.
         # (Parents can be short: a carried elite is a parent too.)
         assert seeds == previous["elite_seeds"] or 2 <= len(seeds) <= record["generation"] + 1
+
+
+def test_sigterm_checkpoints_the_master_and_the_same_command_finishes_the_run(
+    tmp_path: Path, noise_cache: Path
+) -> None:
+    port, run_dir, log = free_port(), tmp_path / "run", tmp_path / "master.log"
+    master = start_master(port, run_dir, log)
+    workers = [spawn_worker(port, f"w{i}", "--give-up-after", "60") for i in range(2)]
+    try:
+        deadline = time.monotonic() + 60
+        while generations_done(run_dir) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        master.send_signal(signal.SIGTERM)
+        assert master.wait(30) == 0
+        from master.checkpoint import load_checkpoint
+
+        payload = load_checkpoint(run_dir)
+        assert payload is not None and payload["ga"]["generation"] >= 2
+        # The workers were not told the run is over: they wait and serve the restarted master.
+        assert all(w.poll() is None for w in workers)
+        master = start_master(port, run_dir, log)
+        assert master.wait(120) == 0, log.read_text()[-3000:]
+        assert log.read_text().count("resuming") == 1
+    finally:
+        stop_processes([master, *workers])
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["generation"] for r in records] == list(range(GENERATIONS))
+    assert all(r["generation_evaluations"] == N + K * E for r in records)
