@@ -18,13 +18,16 @@ REPO = Path(__file__).resolve().parent.parent
 def noise_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One noise-table cache for the session, shared by every worker process it starts."""
     path = tmp_path_factory.mktemp("noise-cache")
-    previous = os.environ.get("NEURO_CACHE_DIR")
-    os.environ["NEURO_CACHE_DIR"] = str(path)
+    # The host-shared parent store too, so test runs never share state through /dev/shm.
+    dirs = {"NEURO_CACHE_DIR": path, "NEURO_SHARED_DIR": tmp_path_factory.mktemp("shared")}
+    previous = {name: os.environ.get(name) for name in dirs}
+    os.environ.update({name: str(value) for name, value in dirs.items()})
     yield path
-    if previous is None:
-        os.environ.pop("NEURO_CACHE_DIR", None)
-    else:
-        os.environ["NEURO_CACHE_DIR"] = previous
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def worker_env() -> dict[str, str]:

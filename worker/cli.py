@@ -60,6 +60,13 @@ def worker_main(argv: list[str] | None = None) -> int:
         help="memory for recently decoded parameter vectors (parents)",
     )
     parser.add_argument(
+        "--shared-cache-mb",
+        type=int,
+        default=1024,
+        help="RAM (/dev/shm, or $NEURO_SHARED_DIR) in which a host's workers share decoded "
+        "parents; 0: each worker keeps its own (default %(default)s)",
+    )
+    parser.add_argument(
         "--give-up-after",
         type=float,
         default=0.0,
@@ -81,6 +88,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.prefetch < 0:
         parser.error(f"--prefetch must be >= 0, got {args.prefetch}")
+    if args.shared_cache_mb < 0:
+        parser.error(f"--shared-cache-mb must be >= 0, got {args.shared_cache_mb}")
     if args.slots < 1:
         parser.error(f"--slots must be >= 1, got {args.slots}")
     if args.torch_threads < 1:
@@ -106,11 +115,18 @@ def worker_main(argv: list[str] | None = None) -> int:
     from worker.evaluator import Evaluator
 
     torch.set_num_threads(args.torch_threads)
+    from worker.shared_store import SharedVectorStore
+
+    shared = (
+        SharedVectorStore(budget_bytes=args.shared_cache_mb * 2**20)
+        if args.shared_cache_mb
+        else None
+    )
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     client = WorkerClient(
         args.master,
         worker_id,
-        Evaluator(args.noise_cache, args.decode_cache_mb * 2**20),
+        Evaluator(args.noise_cache, args.decode_cache_mb * 2**20, shared),
         prefetch=args.prefetch,
         give_up_after_s=args.give_up_after,
         slots=args.slots,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from worker.noise import noise_offset
+from worker.shared_store import SharedVectorStore
 
 SEED_LIMIT = 2**32
 # How far back a miss looks for a cached ancestor before decoding from scratch.
@@ -86,6 +87,8 @@ class DecodeStats:
     parent_hits: int = 0
     ancestor_hits: int = 0
     cold: int = 0
+    shared_hits: int = 0
+    """Ancestors found in the host's shared store (decoded by another worker)."""
 
 
 class GenomeDecoder:
@@ -97,7 +100,11 @@ class GenomeDecoder:
         init_scale: np.ndarray,
         mutation_power: float,
         cache_bytes: int = 512 * 2**20,
+        shared: SharedVectorStore | None = None,
+        shared_namespace: str = "",
     ) -> None:
+        """`shared` (with a namespace naming the table, sigma and network) lets the worker
+        processes of a host share decoded parents instead of each keeping its own copy."""
         _check_inputs(table, init_scale)
         if cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
@@ -111,6 +118,8 @@ class GenomeDecoder:
         self._cached_bytes = 0
         self._tmp = np.empty(init_scale.size, dtype=np.float32)
         self._spares: list[np.ndarray] = []
+        self._shared = shared
+        self._namespace = shared_namespace
 
     @property
     def num_params(self) -> int:
@@ -151,8 +160,11 @@ class GenomeDecoder:
         else:
             self.stats.cold += 1
         if len(key) > 1 and depth != 1:
-            # The parent will be asked for again by this child's siblings: keep it hot.
+            # The parent will be asked for again by this child's siblings (on every worker of
+            # the host): keep it hot, and shared.
             parent = self._extend(base, key[:-1], len(key) - depth)
+            if self._shared is not None:
+                parent = self._shared.put(self._shared_key(key[:-1]), parent)
             parent.flags.writeable = False
             self._insert(key[:-1], parent, hot=True)
             base, depth = parent, 1
@@ -168,13 +180,22 @@ class GenomeDecoder:
             if ancestor is not None:
                 self._cache.move_to_end(key[:-depth])
                 return depth, ancestor
+            if self._shared is not None:
+                ancestor = self._shared.get(self._shared_key(key[:-depth]), self.num_params)
+                if ancestor is not None:  # another worker of this host decoded it
+                    self.stats.shared_hits += 1
+                    self._insert(key[:-depth], ancestor, hot=True)
+                    return depth, ancestor
         return 0, None
+
+    def _shared_key(self, key: tuple[int, ...]) -> str:
+        return f"{self._namespace}|{','.join(map(str, key))}"
 
     def _extend(self, base: np.ndarray | None, key: tuple[int, ...], start: int) -> np.ndarray:
         """The vector of `key`, applying key[start:] to `base` (None: from scratch)."""
         if base is None:
             return decode_genome(self.table, self.init_scale, self.mutation_power, key)
-        theta = self._spares.pop() if self._spares else np.empty_like(base)
+        theta = self._spares.pop() if self._spares else np.empty(base.size, np.float32)
         np.copyto(theta, base)
         for seed in key[start:]:
             _mutate(theta, self.table, seed, self._sigma32, self._tmp)

@@ -10,6 +10,7 @@ from worker.envs import PAPER, EnvHandle, make_env
 from worker.noise import NoiseTableSpec, load_noise_table
 from worker.policies import Policy, build_policy
 from worker.rollout import run_episode
+from worker.shared_store import SharedVectorStore
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,16 @@ class EnvBuildError(Exception):
 class Evaluator:
     """Stateless from the master's view: caches only what can be rebuilt from a task."""
 
-    def __init__(self, noise_cache_dir: str | None = None, decode_cache_bytes: int = 512 * 2**20):
+    def __init__(
+        self,
+        noise_cache_dir: str | None = None,
+        decode_cache_bytes: int = 512 * 2**20,
+        shared_store: SharedVectorStore | None = None,
+    ):
+        """`shared_store`: where this host's workers share decoded parents (None: private)."""
         self._noise_cache_dir = noise_cache_dir
         self._decode_cache_bytes = decode_cache_bytes
+        self._shared_store = shared_store
         self._envs: dict[tuple[str, str], EnvHandle] = {}
         self._policies: dict[tuple, Policy] = {}
         self._decoders: dict[tuple, GenomeDecoder] = {}
@@ -92,9 +100,11 @@ class Evaluator:
                spec.env_id, spec.atari_dynamics)  # fmt: skip
         if key not in self._decoders:
             table = load_noise_table(spec.noise_table, self._noise_cache_dir)
+            namespace = "|".join(map(repr, (*key, policy.num_params)))
             self._decoders[key] = GenomeDecoder(
-                table, policy.init_scale(), spec.mutation_power, self._decode_cache_bytes
-            )
+                table, policy.init_scale(), spec.mutation_power, self._decode_cache_bytes,
+                shared=self._shared_store, shared_namespace=namespace,
+            )  # fmt: skip
         return self._decoders[key]
 
 
