@@ -32,12 +32,60 @@ def best_of(fn, repeats: int) -> float:
     return times[len(times) // 2]
 
 
+def _worker_memory(args: tuple) -> dict:
+    """One worker's decoding of children of the same T parents; its memory afterwards."""
+    policy_name, table_size, shared_dir, parents, children = args
+    import gymnasium as gym
+    import numpy as np
+
+    from worker.decode import GenomeDecoder
+    from worker.noise import NoiseTableSpec, load_noise_table
+    from worker.policies import build_policy
+    from worker.shared_store import SharedVectorStore
+
+    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    policy = build_policy(policy_name, space, gym.spaces.Discrete(18))
+    table = load_noise_table(NoiseTableSpec(size=table_size))
+    store = SharedVectorStore(shared_dir) if shared_dir else None
+    decoder = GenomeDecoder(table, policy.init_scale(), 0.002, 2**30, store, policy_name)
+    rng = np.random.default_rng(os.getpid())
+    for _ in range(children):
+        parent = parents[int(rng.integers(len(parents)))]
+        policy.load_parameters(decoder.decode([*parent, int(rng.integers(2**32))]))
+    figures = {}
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("Rss", "Pss", "Private_Dirty"):
+                figures[key.lower() + "_mib"] = int(value.split()[0]) / 1024
+    return figures
+
+
+def shared_parents_memory(policy: str, table_size: int, workers: int = 2) -> dict:
+    """W workers decoding children of the same 20 generation-10 parents, shared vs private."""
+    import multiprocessing as mp
+    import tempfile
+
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    parents = [[int(s) for s in rng.integers(0, 2**32, 10)] for _ in range(20)]
+    result = {}
+    for mode in ("private", "shared"):
+        with tempfile.TemporaryDirectory() as shared_dir:
+            jobs = [(policy, table_size, shared_dir if mode == "shared" else None, parents, 60)]
+            with mp.get_context("spawn").Pool(workers) as pool:
+                result[mode] = pool.map(_worker_memory, jobs * workers)
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generations", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--policy", default="deepga", choices=("deepga", "nature", "mlp"))
     parser.add_argument("--noise-table-size", type=int, default=2**26)
+    parser.add_argument("--memory-workers", type=int, default=2)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
@@ -133,6 +181,13 @@ def main(argv: list[str] | None = None) -> dict:
           f"{args.generations} {gen_n * 1e3:.2f} ms, ratio {gen_n / gen1:.2f}")  # fmt: skip
     print(f"  a child's first use of fresh memory (page faults): {gen1_first * 1e3:.2f} ms")
     print(f"  cold decode of a {args.generations}-entry genome: {cold:.2f} s")
+    if args.policy != "mlp" and args.memory_workers:
+        memory = shared_parents_memory(args.policy, args.noise_table_size, args.memory_workers)
+        result["worker_memory_mib"] = memory
+        for mode, figures in memory.items():
+            cells = ", ".join(f"PSS {m['pss_mib']:.0f} private {m['private_dirty_mib']:.0f}"
+                              for m in figures)  # fmt: skip
+            print(f"  {len(figures)} workers, children of 20 shared parents, {mode}: {cells} MiB")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -168,3 +168,12 @@ def test_evicted_memory_is_reused_only_when_no_caller_holds_it(table, mlp_scale)
         assert child.tobytes() == decode_genome(table, mlp_scale, SIGMA, [1, seed]).tobytes()
     assert held.tobytes() == kept.tobytes()  # never recycled under the caller's feet
     assert not held.flags.writeable
+
+
+def test_only_the_last_few_children_are_kept(table, mlp_scale):
+    decoder = GenomeDecoder(table, mlp_scale, SIGMA, max_children=3)
+    decoder.decode([1])
+    for seed in range(2, 22):
+        child = decoder.decode([1, seed])
+        assert child.tobytes() == decode_genome(table, mlp_scale, SIGMA, [1, seed]).tobytes()
+    assert len(decoder) == 1 + 3 and [1] in decoder and [1, 21] in decoder and [1, 2] not in decoder

@@ -102,6 +102,7 @@ class GenomeDecoder:
         cache_bytes: int = 512 * 2**20,
         shared: SharedVectorStore | None = None,
         shared_namespace: str = "",
+        max_children: int = 8,
     ) -> None:
         """`shared` (with a namespace naming the table, sigma and network) lets the worker
         processes of a host share decoded parents instead of each keeping its own copy."""
@@ -120,6 +121,10 @@ class GenomeDecoder:
         self._spares: list[np.ndarray] = []
         self._shared = shared
         self._namespace = shared_namespace
+        # Children are rarely needed again beyond their own batch of episodes: only the last
+        # few are kept, so the budget holds parents, not a generation's worth of offspring.
+        self.max_children = max_children
+        self._children: OrderedDict[tuple[int, ...], None] = OrderedDict()
 
     @property
     def num_params(self) -> int:
@@ -162,9 +167,10 @@ class GenomeDecoder:
         if len(key) > 1 and depth != 1:
             # The parent will be asked for again by this child's siblings (on every worker of
             # the host): keep it hot, and shared.
-            parent = self._extend(base, key[:-1], len(key) - depth)
-            if self._shared is not None:
-                parent = self._shared.put(self._shared_key(key[:-1]), parent)
+            if self._shared is None:
+                parent = self._extend(base, key[:-1], len(key) - depth)
+            else:
+                parent = self._build_shared(base, key[:-1], len(key) - depth)
             parent.flags.writeable = False
             self._insert(key[:-1], parent, hot=True)
             base, depth = parent, 1
@@ -187,6 +193,18 @@ class GenomeDecoder:
                     self._insert(key[:-depth], ancestor, hot=True)
                     return depth, ancestor
         return 0, None
+
+    def _build_shared(
+        self, base: np.ndarray | None, key: tuple[int, ...], start: int
+    ) -> np.ndarray:
+        """Decodes a parent once per host: the first worker builds it, the others map it."""
+        shared_key = self._shared_key(key)
+        with self._shared.building(shared_key):
+            built = self._shared.get(shared_key, self.num_params)
+            if built is not None:
+                self.stats.shared_hits += 1
+                return built
+            return self._shared.put(shared_key, self._extend(base, key, start))
 
     def _shared_key(self, key: tuple[int, ...]) -> str:
         return f"{self._namespace}|{','.join(map(str, key))}"
@@ -214,6 +232,7 @@ class GenomeDecoder:
     def clear(self) -> None:
         """Drop every cached vector."""
         self._cache.clear()
+        self._children.clear()
         self._cached_bytes = 0
 
     def _insert(self, key: tuple[int, ...], theta: np.ndarray, hot: bool) -> None:
@@ -221,7 +240,8 @@ class GenomeDecoder:
             return
         # Make room first, so the new entry is never its own victim.
         while self._cache and self._cached_bytes + theta.nbytes > self.cache_bytes:
-            _, old = self._cache.popitem(last=False)
+            evicted, old = self._cache.popitem(last=False)
+            self._children.pop(evicted, None)
             self._cached_bytes -= old.nbytes
             # Referenced only by `old` and getrefcount's argument: no caller can see it change.
             if sys.getrefcount(old) <= 2:
@@ -230,3 +250,11 @@ class GenomeDecoder:
         self._cached_bytes += theta.nbytes
         if not hot:
             self._cache.move_to_end(key, last=False)
+            self._children[key] = None
+            while len(self._children) > self.max_children:
+                oldest, _ = self._children.popitem(last=False)
+                old = self._cache.pop(oldest, None)
+                if old is not None:
+                    self._cached_bytes -= old.nbytes
+                    if sys.getrefcount(old) <= 2:
+                        self._recycle(old)

@@ -9,10 +9,12 @@ none; a file deleted while mapped stays valid for whoever maps it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +43,16 @@ class SharedVectorStore:
 
     def _path(self, key: str) -> Path:
         return self.directory / (hashlib.sha256(key.encode()).hexdigest()[:40] + ".f32")
+
+    @contextlib.contextmanager
+    def building(self, key: str) -> Iterator[None]:
+        """Held while one worker decodes a vector, so the others wait and map it instead."""
+        with open(self._path(key).with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
     def get(self, key: str, size: int) -> np.ndarray | None:
         """The stored vector (read-only, shared pages), or None."""
@@ -83,4 +95,6 @@ class SharedVectorStore:
                 break
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                path.with_suffix(".lock").unlink()
             total -= size
