@@ -61,7 +61,7 @@ def _worker_memory(args: tuple) -> dict:
     return figures
 
 
-def shared_parents_memory(policy: str, table_size: int, workers: int = 2) -> dict:
+def shared_parents_memory(policy: str, table_size: int, workers: int = 2, children: int = 60):
     """W workers decoding children of the same 20 generation-10 parents, shared vs private."""
     import multiprocessing as mp
     import tempfile
@@ -73,7 +73,8 @@ def shared_parents_memory(policy: str, table_size: int, workers: int = 2) -> dic
     result = {}
     for mode in ("private", "shared"):
         with tempfile.TemporaryDirectory() as shared_dir:
-            jobs = [(policy, table_size, shared_dir if mode == "shared" else None, parents, 60)]
+            store = shared_dir if mode == "shared" else None
+            jobs = [(policy, table_size, store, parents, children)]
             with mp.get_context("spawn").Pool(workers) as pool:
                 result[mode] = pool.map(_worker_memory, jobs * workers)
     return result
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--policy", default="deepga", choices=("deepga", "nature", "mlp"))
     parser.add_argument("--noise-table-size", type=int, default=2**26)
     parser.add_argument("--memory-workers", type=int, default=2)
+    parser.add_argument("--memory-children", type=int, default=60)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
@@ -182,7 +184,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  a child's first use of fresh memory (page faults): {gen1_first * 1e3:.2f} ms")
     print(f"  cold decode of a {args.generations}-entry genome: {cold:.2f} s")
     if args.policy != "mlp" and args.memory_workers:
-        memory = shared_parents_memory(args.policy, args.noise_table_size, args.memory_workers)
+        memory = shared_parents_memory(
+            args.policy, args.noise_table_size, args.memory_workers, args.memory_children
+        )
         result["worker_memory_mib"] = memory
         for mode, figures in memory.items():
             cells = ", ".join(f"PSS {m['pss_mib']:.0f} private {m['private_dirty_mib']:.0f}"

@@ -49,5 +49,15 @@ def test_decode_benchmark_at_a_tiny_size(tmp_path: Path, noise_cache: Path) -> N
         result["child_generation_6_ms"] / result["child_generation_1_ms"]
     )
     assert result["cold_decode_6_entries_s"] > 0
+    assert "worker_memory_mib" not in result  # the mlp run skips it; the next test covers it
     assert set(result["mutation"]) == {"noise_table_slice_add_ms", "torch_randn_per_seed_ms",
                                        "numpy_generator_per_seed_ms"}  # fmt: skip
+
+
+def test_decode_benchmark_measures_shared_parent_memory(tmp_path: Path, noise_cache: Path) -> None:
+    result = run_bench("decode.py", "--generations", "3", "--repeats", "1", "--policy", "nature",
+                       "--memory-children", "3", "--noise-table-size", str(2**22),
+                       out=tmp_path / "m.json")  # fmt: skip
+    memory = result["worker_memory_mib"]
+    assert set(memory) == {"private", "shared"}
+    assert all(len(m) == 2 and all(w["private_dirty_mib"] > 0 for w in m) for m in memory.values())
