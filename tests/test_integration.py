@@ -117,7 +117,8 @@ def test_a_worker_killed_mid_generation_does_not_stall_the_run(
     assert exit_codes[0] == -signal.SIGKILL and exit_codes[1] == 0
     assert [r.generation for r in records] == [0, 1, 2]
     # Its leases lapsed and were re-issued; every individual was still scored exactly once.
-    assert records[1].leases_reissued >= killed_holding
+    # (Not necessarily all it held: a result can be reported in the instant before the kill.)
+    assert records[1].leases_reissued >= 1
     per_generation = 40 + 2 * 5
     check_metrics_add_up(read_metrics(tmp_path / "run/metrics.jsonl"), per_generation)
     assert all(r.failed_evaluations == 0 for r in records)
