@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,18 +18,12 @@ from pathlib import Path
 import pytest
 
 from master.rundir import read_metrics
-from tests.conftest import REPO, spawn_worker, stop_processes, worker_env
+from tests.conftest import REPO, free_port, spawn_worker, stop_processes, worker_env
 
 pytestmark = pytest.mark.slow
 
 N, K, E, GENERATIONS = 60, 3, 10, 8
 DEADLINE_S = 240
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_master(port: int, run_dir: Path, log: Path) -> subprocess.Popen:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import pytest
 
 from master.config import inspect_env_id, preset
 from master.server import start_master
-from tests.conftest import spawn_worker, stop_processes
+from tests.conftest import free_port, spawn_worker, stop_processes
 
 pytestmark = pytest.mark.slow
 
@@ -85,12 +84,6 @@ def test_sigterm_hands_tasks_back_and_exits(tmp_path: Path, noise_cache: Path) -
     (record,) = outcome["records"]
     assert record.generation_evaluations == 4 + 2 * 300
     assert record.leases_reissued == 0 and record.failed_evaluations == 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _master_comes_up_late(tmp_path: Path) -> tuple[int, int | None]:
