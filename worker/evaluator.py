@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from worker.decode import GenomeDecoder
@@ -56,9 +56,7 @@ class Evaluator:
         self._policies: dict[tuple, Policy] = {}
         self._decoders: dict[tuple, GenomeDecoder] = {}
 
-    def evaluate(
-        self, spec: EvaluationSpec, should_stop: Callable[[], bool] | None = None
-    ) -> Evaluation:
+    def evaluate(self, spec: EvaluationSpec) -> Evaluation:
         """Plays spec.episodes episodes; the first reset is seeded with spec.env_seed."""
         handle = self._env(spec.env_id, spec.atari_dynamics)
         policy = self._policy(spec, handle)
@@ -67,14 +65,10 @@ class Evaluator:
         returns, frames = [], []
         for episode in range(spec.episodes):
             seed = spec.env_seed if episode == 0 else None
-            result = run_episode(policy.act, handle, spec.max_episode_steps, seed, should_stop)
+            result = run_episode(policy.act, handle, spec.max_episode_steps, seed)
             returns.append(result.total_reward)
             frames.append(result.frames)
         return Evaluation(returns, frames)
-
-    def decoder_for(self, spec: EvaluationSpec) -> GenomeDecoder:
-        """The decoder (and its cache) this spec's genomes go through."""
-        return self.decoder(spec, self._policy(spec, self._env(spec.env_id, spec.atari_dynamics)))
 
     def _env(self, env_id: str, dynamics: str) -> EnvHandle:
         key = (env_id, dynamics)

@@ -16,16 +16,11 @@ class EpisodeResult:
     frames: int
 
 
-class EpisodeInterrupted(Exception):
-    """The episode was abandoned (shutdown, or the master took the task back)."""
-
-
 def run_episode(
     act: Callable[[Any], Any],
     handle: EnvHandle,
     max_steps: int = 0,
     seed: int | None = None,
-    should_stop: Callable[[], bool] | None = None,
 ) -> EpisodeResult:
     """Plays until the env ends the episode or `max_steps` agent steps (0: no cap) pass.
 
@@ -36,8 +31,6 @@ def run_episode(
     total = 0.0
     steps = 0
     while True:
-        if should_stop is not None and should_stop():
-            raise EpisodeInterrupted
         observation, reward, terminated, truncated, _ = handle.env.step(act(observation))
         total += float(reward)
         steps += 1
