@@ -65,3 +65,32 @@ def stop_processes(processes: list[subprocess.Popen], timeout: float = 10.0) -> 
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+@pytest.fixture
+def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A moto server on loopback; boto3 in this process and in children talks only to it."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for name, value in aws_test_env(endpoint).items():
+        monkeypatch.setenv(name, value)
+    yield endpoint
+    server.stop()
+
+
+def aws_test_env(endpoint: str) -> dict[str, str]:
+    """Fake credentials and a loopback endpoint; never the instance metadata service."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }

@@ -1,0 +1,1 @@
+"""neuro-deploy: the CloudFormation stack that runs neuro on AWS, and the CLI that drives it."""
