@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ import uuid
 from pathlib import Path
 
 DEFAULT_MASTER = "127.0.0.1:8080"
+SPOT_NOTICE_MODES = ("off", "imds")
 
 
 def worker_main(argv: list[str] | None = None) -> int:
@@ -85,7 +87,36 @@ def worker_main(argv: list[str] | None = None) -> int:
         default=os.environ.get("NEURO_TLS_CA"),
         help="PEM root certificate of a TLS master (env NEURO_TLS_CA); plaintext without it",
     )
+    parser.add_argument(
+        "--spot-notice",
+        choices=SPOT_NOTICE_MODES,
+        default=os.environ.get("NEURO_SPOT_NOTICE", "off"),
+        help="imds: poll the EC2 instance metadata service (IMDSv2, at "
+        "$AWS_EC2_METADATA_SERVICE_ENDPOINT or 169.254.169.254) for a spot interruption notice "
+        "and drain on it, as on SIGTERM; off: don't (env NEURO_SPOT_NOTICE; default off)",
+    )
+    parser.add_argument(
+        "--spot-poll-seconds",
+        type=float,
+        default=os.environ.get("NEURO_SPOT_POLL_SECONDS", "5"),
+        help="seconds between spot notice polls (env NEURO_SPOT_POLL_SECONDS; default 5)",
+    )
     args = parser.parse_args(argv)
+    # Checked here rather than with `choices`: argparse does not check an env-var default.
+    if args.spot_notice not in SPOT_NOTICE_MODES:
+        parser.error(f"--spot-notice (or NEURO_SPOT_NOTICE) must be off or imds, "
+                     f"got {args.spot_notice!r}")  # fmt: skip
+    if not (args.spot_poll_seconds > 0 and math.isfinite(args.spot_poll_seconds)):
+        parser.error(f"--spot-poll-seconds (or NEURO_SPOT_POLL_SECONDS) must be a number > 0, "
+                     f"got {args.spot_poll_seconds}")  # fmt: skip
+    spot_endpoint = None
+    if args.spot_notice == "imds":
+        from worker.spot import metadata_endpoint
+
+        try:
+            spot_endpoint = metadata_endpoint()
+        except ValueError as error:
+            parser.error(str(error))
     if args.prefetch < 0:
         parser.error(f"--prefetch must be >= 0, got {args.prefetch}")
     if args.shared_cache_mb < 0:
@@ -140,7 +171,24 @@ def worker_main(argv: list[str] | None = None) -> int:
         "worker %s joining master %s (%s, %s)", worker_id, args.master,
         "TLS" if root_certificates else "plaintext", "token" if token else "no token",
     )  # fmt: skip
-    code = client.run()
+    watcher = None
+    if spot_endpoint is not None:
+        from worker.spot import SpotNoticeWatcher
+
+        watcher = SpotNoticeWatcher(client.stop, spot_endpoint, args.spot_poll_seconds)
+        logging.info("watching for spot interruption notices at %s every %gs",
+                     watcher.endpoint, watcher.poll_seconds)  # fmt: skip
+        watcher.start()
+    try:
+        code = client.run()
+    finally:
+        if watcher is not None:
+            watcher.stop()
+    if watcher is not None and watcher.notice is not None:
+        logging.warning(
+            "worker %s left on a spot interruption notice (%s at %s)",
+            worker_id, watcher.notice.action, watcher.notice.time,
+        )  # fmt: skip
     logging.info("worker %s done: %s", worker_id, client.counters)
     if args.stats_file:
         client.write_stats()
