@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from master.config import ARCHITECTURES, ATARI_DYNAMICS, inspect_env_id, preset
+
+if TYPE_CHECKING:
+    from master.s3_mirror import RunDirMirror
 
 
 def _hidden_sizes(text: str) -> tuple[int, ...]:
@@ -23,6 +28,18 @@ def _hidden_sizes(text: str) -> tuple[int, ...]:
     if not sizes or any(s < 1 for s in sizes):
         raise argparse.ArgumentTypeError(f"hidden sizes must be positive integers, got {text!r}")
     return sizes
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds > 0 (flag or NEURO_S3_SYNC_SECONDS), got {text!r}"
+        )
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +140,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra argument for local workers (repeatable)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stdout")
+    s3 = p.add_argument_group("S3 mirror (needs pip install 'neuro[aws]')")
+    s3.add_argument(
+        "--s3-uri",
+        default=os.environ.get("NEURO_S3_URI") or None,
+        metavar="s3://BUCKET/PREFIX",
+        help="mirror the run dir there, and resume from there when the run dir holds no "
+        "checkpoint (env NEURO_S3_URI)",
+    )
+    s3.add_argument(
+        "--s3-sync-seconds",
+        type=_positive_seconds,
+        default=os.environ.get("NEURO_S3_SYNC_SECONDS", "60"),
+        metavar="SECONDS",
+        help="also sync this often, besides after each checkpoint (default 60; env "
+        "NEURO_S3_SYNC_SECONDS)",
+    )
     security = p.add_argument_group("security (see README: Security)")
     # The token itself is never a flag: argv is visible to every user of the host in ps.
     security.add_argument(
@@ -165,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     from master.checkpoint import CheckpointError, load_checkpoint
     from master.server import resume_config, run_master
 
+    mirror = None
+    if args.s3_uri is not None:
+        mirror = _s3_mirror(parser, args.s3_uri)
+        # Before resume-or-new: a replacement machine continues the run S3 holds.
+        if not _restore(mirror, run_dir):
+            return 1
     overrides = {k: getattr(args, k) for k in GA_FLAGS + RUN_FLAGS if getattr(args, k) is not None}
     if args.no_target:
         overrides["target_score"] = None
@@ -205,12 +244,42 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint_seconds=args.checkpoint_seconds,
                 token=token,
                 tls=tls,
+                mirror=mirror,
+                s3_sync_seconds=args.s3_sync_seconds,
             )
         )
     except (OSError, RuntimeError) as error:
         print(f"neuro-master: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _s3_mirror(parser: argparse.ArgumentParser, uri: str) -> RunDirMirror:
+    """The run dir's S3 mirror, or a usage error (exit 2) naming the URI."""
+    from master.s3_mirror import MirrorError, RunDirMirror
+
+    try:
+        return RunDirMirror(uri)
+    except (ValueError, MirrorError) as error:
+        parser.error(f"--s3-uri: {error}")
+
+
+def _restore(mirror: RunDirMirror, run_dir: Path) -> bool:
+    """Fetches the run from S3 if the run dir holds none; False (said on stderr) if S3 failed."""
+    from master.s3_mirror import MirrorError
+
+    try:
+        restored = mirror.restore(run_dir)
+    except MirrorError as error:
+        print(
+            f"neuro-master: {error}\nneuro-master: not starting: the S3 prefix must be readable "
+            "at start, since a new run over a prefix that holds a run would fork it",
+            file=sys.stderr,
+        )
+        return False
+    if restored:
+        print(f"neuro master: restored {run_dir} from {mirror.uri}", flush=True)
+    return True
 
 
 def _security(

@@ -22,6 +22,7 @@ from master.fleet import Fleet, FleetSettings
 from master.ga import GAState, GeneticAlgorithm
 from master.local_workers import LocalWorkers
 from master.rundir import GenerationRecord, RunDirectory
+from master.s3_mirror import FINAL_SYNC_TIMEOUT_S, MirrorLoop, RunDirMirror, status_document
 from master.service import MAX_REQUEST_BYTES, EvolutionService, TaskTemplate, add_to_server
 from master.training import Budget, Trainer
 from neuro.v1 import evolution_pb2 as pb
@@ -151,11 +152,15 @@ async def run_master(
     checkpoint_seconds: float = 30.0,
     token: str | None = None,
     tls: tuple[bytes, bytes] | None = None,
+    mirror: RunDirMirror | None = None,
+    s3_sync_seconds: float = 60.0,
 ) -> list[GenerationRecord]:
     """Serves and trains until the budget is spent or SIGINT/SIGTERM arrives.
 
     On a signal the run is checkpointed, not completed: starting again on the same run dir
-    continues it, and remote workers wait for the master meanwhile.
+    continues it, and remote workers wait for the master meanwhile. With a `mirror`, the run
+    dir and a status.json go to S3 after each checkpoint, every `s3_sync_seconds` and once
+    at the end, in the background.
     """
     master = await start_master(
         config,
@@ -168,6 +173,14 @@ async def run_master(
         token=token,
         tls=tls,
     )
+    syncer = None
+    if mirror is not None:
+        trainer = master.trainer
+        syncer = MirrorLoop(
+            mirror, run_dir, lambda: status_document(trainer.status()), s3_sync_seconds
+        )
+        trainer.after_checkpoint = syncer.request
+        syncer.start()
     connect_host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
     workers = LocalWorkers(f"{connect_host}:{master.port}", local_workers, worker_args, token)
     if out is not None:
@@ -197,6 +210,9 @@ async def run_master(
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signum)
+        if syncer is not None:
+            # Bounded: a dead S3 cannot hold up the exit (the run dir has everything anyway).
+            await syncer.close(FINAL_SYNC_TIMEOUT_S)
         # Let local workers see run_complete and leave on their own before the server goes.
         await workers.stop(timeout=SHUTDOWN_GRACE_S)
         await master.stop()

@@ -53,6 +53,7 @@ class Trainer:
         config: dict[str, Any] | None = None,
         checkpoint_seconds: float = 30.0,
         resume: dict[str, Any] | None = None,
+        after_checkpoint: Callable[[], None] | None = None,
     ) -> None:
         self.ga = ga
         self.fleet = fleet
@@ -67,6 +68,9 @@ class Trainer:
         self.records: list[GenerationRecord] = []
         self.config = config or {}
         self.checkpoint_seconds = checkpoint_seconds
+        # An observer (e.g. the S3 mirror) told after each checkpoint is on disk; it must
+        # return at once, since it runs on the event loop.
+        self.after_checkpoint = after_checkpoint
         self._started = clock()
         self._saving: asyncio.Future[None] | None = None
         # Counters when the current generation began: its record spans a restart.
@@ -113,6 +117,7 @@ class Trainer:
         self._saving = asyncio.ensure_future(
             asyncio.to_thread(save_checkpoint, self.run_dir.path, payload)
         )
+        self._saving.add_done_callback(self._checkpoint_written)
         await self._saved()
 
     async def _checkpoint_periodically(self) -> None:
@@ -169,6 +174,7 @@ class Trainer:
         self._saving = asyncio.ensure_future(
             asyncio.to_thread(self._save, record, document, summary.elite_score, payload)
         )
+        self._saving.add_done_callback(self._checkpoint_written)
         if self.out is not None:
             print(progress_line(record, self.fleet.workers_connected()), file=self.out, flush=True)
 
@@ -185,6 +191,10 @@ class Trainer:
         if elite is not None:
             self.run_dir.save_elite(elite, score)
         save_checkpoint(self.run_dir.path, checkpoint)
+
+    def _checkpoint_written(self, saving: asyncio.Future[None]) -> None:
+        if self.after_checkpoint is not None and not saving.cancelled() and not saving.exception():
+            self.after_checkpoint()
 
     async def _saved(self) -> None:
         """Waits for the previous generation's files (and raises what writing them raised)."""
