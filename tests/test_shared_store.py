@@ -81,3 +81,21 @@ def test_processes_racing_on_one_parent_all_get_the_same_bits(setup, tmp_path):
         assert got == decode_genome(table, scale, SIGMA, seeds).tobytes()
     assert len(list(store_dir.glob("*.f32"))) == 1
     assert not list(store_dir.glob("*.tmp"))
+
+
+def test_a_full_store_keeps_the_vector_private_and_the_decode_exact(setup, monkeypatch, caplog):
+    import errno
+    import tempfile
+
+    table, scale, store_dir = setup
+    reference = decode_genome(table, scale, SIGMA, [3, 4, 5, 6])
+    full_decoder = decoder(table, scale, store_dir)
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkstemp", no_space)
+    decoded = full_decoder.decode([3, 4, 5, 6])
+    assert np.array_equal(decoded, reference)
+    assert list(store_dir.glob("*.f32")) == [] and list(store_dir.glob("*.tmp")) == []
+    assert "No space left on device; keeping this vector private" in caplog.text

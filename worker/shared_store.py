@@ -70,13 +70,22 @@ class SharedVectorStore:
         """Stores a vector; returns the shared, read-only mapping that replaces it."""
         path = self._path(key)
         if not path.exists():
-            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            tmp = None
             try:
+                fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
                 with os.fdopen(fd, "wb") as f:
                     f.write(np.ascontiguousarray(vector, dtype="<f4").tobytes())
                 os.replace(tmp, path)
+            except OSError as error:
+                # A full store (a container's 64 MiB /dev/shm) costs memory, never the task.
+                if tmp is not None:
+                    Path(tmp).unlink(missing_ok=True)
+                log.warning("shared store %s: %s; keeping this vector private", self.directory,
+                            error.strerror or error)  # fmt: skip
+                return vector
             except BaseException:
-                Path(tmp).unlink(missing_ok=True)
+                if tmp is not None:
+                    Path(tmp).unlink(missing_ok=True)
                 raise
             self._evict()
         shared = self.get(key, vector.size)
