@@ -11,7 +11,7 @@ WORKERS ?= 2
 # The default shows a population learning: its mean score climbs over 20 generations (~1 min).
 TRAIN_ARGS ?= --generations 20 --no-target
 
-.PHONY: install train test lint stubs clean
+.PHONY: install train test lint deploy-lint stubs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ install: $(VENV)/.installed
 train: install
 	$(BIN)/neuro-master --env $(ENV) --local-workers $(WORKERS) $(TRAIN_ARGS)
 
-test: install
+test: install deploy-lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
@@ -41,4 +41,26 @@ stubs: install
 		proto/neuro/v1/evolution.proto
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .ruff_cache
+
+# Policy scan of deploy/ with checkov, in a venv of its own (it pins many packages). checkov
+# decides Conditions from parameter defaults, so the ec2-spot resources are scanned again from
+# a copy of the template whose WorkerCapacity default is ec2-spot. Exits non-zero on a failed
+# check; each accepted finding is skipped, with its reason, in the template's Metadata.
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_VERSION ?= 3.3.30
+CHECKOV = $(CHECKOV_VENV)/bin/checkov --framework cloudformation --quiet --compact --skip-download
+
+$(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION):
+	rm -rf $(CHECKOV_VENV)
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet "checkov==$(CHECKOV_VERSION)"
+	touch $@
+
+deploy-lint: $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION)
+	$(CHECKOV) -d deploy
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	sed 's/^    Default: fargate-spot$$/    Default: ec2-spot/' deploy/neuro.yaml > "$$tmp/neuro-ec2-spot.yaml" && \
+	grep -q '^    Default: ec2-spot$$' "$$tmp/neuro-ec2-spot.yaml" && \
+	$(CHECKOV) -f "$$tmp/neuro-ec2-spot.yaml"

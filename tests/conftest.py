@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,9 @@ def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
+    # moto keeps its state in this process across servers: each test starts from none.
+    reset = urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")
+    urllib.request.urlopen(reset, timeout=10).close()
     for name, value in aws_test_env(endpoint).items():
         monkeypatch.setenv(name, value)
     yield endpoint

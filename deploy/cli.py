@@ -1,0 +1,352 @@
+"""neuro-deploy: run neuro on AWS (master on EC2, workers on Spot) from one CloudFormation stack."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import botocore.exceptions
+
+from deploy import stack
+from deploy.stack import Clients, DeployError
+
+DEFAULT_STACK = "neuro"
+# Every template parameter has exactly one flag; tests hold this table and the template equal.
+TEMPLATE_PARAMETERS: dict[str, str] = {
+    "EnvId": "env",
+    "WorkerCount": "workers",
+    "WorkerCapacity": "capacity",
+    "WorkerMemory": "worker_memory",
+    "WorkerInstanceTypes": "worker_instance_types",
+    "MasterInstanceType": "master_instance_type",
+    "MasterImage": "master_image",
+    "WorkerImage": "worker_image",
+    "VpcId": "vpc_id",
+    "SubnetIds": "subnet_ids",
+    "AssignPublicIp": "assign_public_ip",
+    "Population": "population",
+    "Truncation": "truncation",
+    "MutationPower": "mutation_power",
+    "FrameBudget": "frames",
+    "LogRetentionDays": "log_retention_days",
+    "MasterAmi": "master_ami",
+    "WorkerAmi": "worker_ami",
+}
+LOG_STREAMS = {"master": "master", "workers": "worker/", "all": None}
+
+
+def _nonnegative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
+def _duration(text: str) -> float:
+    """Seconds from '90', '90s', '15m', '2h' or '1d'."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        seconds = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 15m or 2h, got {text!r}"
+        ) from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"a duration cannot be negative, got {text!r}")
+    return seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="neuro-deploy",
+        description="Run neuro on AWS: the master on an on-demand EC2 instance, 1-vCPU workers "
+        "on Spot, the run dir in S3 (see README: Run on AWS).",
+    )
+    parser.add_argument(
+        "--stack-name",
+        default=os.environ.get("NEURO_STACK", DEFAULT_STACK),
+        help="CloudFormation stack (env NEURO_STACK, default %(default)s)",
+    )
+    parser.add_argument("--region", help="AWS region (default: AWS_REGION or your profile's)")
+    parser.add_argument("--profile", help="AWS profile (default: AWS_PROFILE or default)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = commands.add_parser("up", help="create the stack, wait, print the master's address")
+    up.add_argument("--env", help="gymnasium id, e.g. Frostbite-v4 (template default)")
+    up.add_argument("--workers", type=_nonnegative, help="1-vCPU worker containers")
+    up.add_argument("--master-image", required=True, help="image URI built from Dockerfile.master")
+    up.add_argument("--worker-image", required=True, help="image URI built from Dockerfile.worker")
+    up.add_argument(
+        "--capacity",
+        choices=("fargate-spot", "ec2-spot"),
+        help="fargate-spot (default): ECS on Fargate Spot; ec2-spot: ECS on an Auto Scaling "
+        "group of Spot hosts (cheaper per vCPU, shares the noise table per host)",
+    )
+    up.add_argument("--worker-memory", type=int, help="MiB per worker (default 4096)")
+    up.add_argument("--worker-instance-types", help="Spot host types for ec2-spot, comma-separated")
+    up.add_argument("--master-instance-type", help="default c5.large")
+    up.add_argument("--vpc-id", help="default: the region's default VPC")
+    up.add_argument("--subnet-ids", help="comma-separated; default: the default VPC's subnets")
+    up.add_argument(
+        "--assign-public-ip",
+        choices=("ENABLED", "DISABLED"),
+        help="DISABLED for private subnets with a NAT gateway (default ENABLED)",
+    )
+    up.add_argument("--population", type=int, help="GA population N (default 1000)")
+    up.add_argument("--truncation", type=int, help="GA parents T (default 20)")
+    up.add_argument("--mutation-power", type=float, help="GA sigma (default 0.002)")
+    up.add_argument("--frames", type=int, help="frame budget (default 1,000,000,000)")
+    up.add_argument("--log-retention-days", type=int, help="CloudWatch retention (default 30)")
+    up.add_argument("--master-ami", help="AMI id or SSM parameter path for the master")
+    up.add_argument("--worker-ami", help="ECS-optimized AMI id or SSM path for ec2-spot hosts")
+    _wait_flags(up)
+
+    status = commands.add_parser("status", help="stack state, workers and the run's progress")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+
+    scale = commands.add_parser("scale", help="change the number of workers")
+    scale.add_argument("workers", type=_nonnegative)
+    _wait_flags(scale)
+
+    logs = commands.add_parser("logs", help="print the master's or workers' logs")
+    logs.add_argument("--stream", choices=tuple(LOG_STREAMS), default="master")
+    logs.add_argument("--since", type=_duration, default=600.0, help="e.g. 15m (default 10m)")
+    logs.add_argument("--follow", action="store_true", help="keep printing new lines")
+    logs.add_argument(
+        "--follow-for", type=_duration, default=None, help="stop following after this long"
+    )
+
+    fetch = commands.add_parser(
+        "fetch", help="download the run dir (metrics, checkpoints, genomes)"
+    )
+    fetch.add_argument("--to", type=Path, help="destination (default ./STACK-NAME)")
+
+    down = commands.add_parser("down", help="delete the stack (the run's S3 bucket is kept)")
+    down.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    _wait_flags(down)
+    return parser
+
+
+def _wait_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-wait", action="store_true", help="return once AWS accepts it")
+    parser.add_argument("--timeout", type=_duration, default=3600.0, help="default 1h")
+    parser.add_argument(
+        "--poll-seconds",
+        type=float,
+        default=float(os.environ.get("NEURO_DEPLOY_POLL_SECONDS", "10")),
+        help=argparse.SUPPRESS,
+    )
+
+
+def template_parameters(
+    args: argparse.Namespace, defaults: dict[str, str | None] | None = None
+) -> dict[str, str]:
+    """The flags given, and the template's defaults for the rest: `up` passes every parameter.
+
+    Passing all of them pins the defaults of this release into the stack, so a later `scale`
+    (UsePreviousValue) never changes a setting the user did not touch.
+    """
+    parameters = {}
+    for key, dest in TEMPLATE_PARAMETERS.items():
+        value = getattr(args, dest, None)
+        if value is None and defaults is not None:
+            value = defaults.get(key)
+        if value is None and defaults is not None:
+            raise DeployError(f"--{dest.replace('_', '-')} is needed: the template has no default")
+        if value is not None:
+            parameters[key] = str(value)
+    return parameters
+
+
+def cmd_up(clients: Clients, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    if (args.vpc_id is None) != (args.subnet_ids is None):
+        raise DeployError("--vpc-id and --subnet-ids go together")
+    if args.vpc_id is None:
+        args.vpc_id, subnets = stack.default_network(clients)
+        args.subnet_ids = ",".join(subnets)
+        out(f"network: default VPC {args.vpc_id}, subnets {args.subnet_ids}")
+    defaults = stack.template_defaults(clients)
+    unknown = set(defaults) ^ set(TEMPLATE_PARAMETERS)
+    if unknown:
+        raise DeployError(f"this neuro-deploy and its template disagree on {sorted(unknown)}")
+    parameters = template_parameters(args, defaults)
+    if stack.describe(clients, args.stack_name) is None:  # never re-pin a live stack's AMIs
+        for parameter, ami in stack.pin_amis(clients, args.stack_name, parameters).items():
+            out(f"{parameter}: {ami}, pinned as {parameters[parameter]}")
+    stack.create(clients, args.stack_name, parameters)
+    out(f"creating stack {args.stack_name} in {clients.region}")
+    if args.no_wait:
+        return 0
+    stack.wait(clients, args.stack_name, args.timeout, args.poll_seconds, _event_printer(out))
+    info = stack.require(clients, args.stack_name)
+    out(f"master: {info.outputs.get('MasterAddress', '?')} (inside the VPC)")
+    out(f"run dir: {info.outputs.get('RunS3Uri', '?')}")
+    out(f"logs: {info.outputs.get('LogGroupName', '?')}  (neuro-deploy logs)")
+    return 0
+
+
+def cmd_status(clients: Clients, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    info = stack.require(clients, args.stack_name)
+    workers = stack.worker_counts(clients, info)
+    run = stack.run_status(clients, info)
+    if args.json:
+        out(
+            json.dumps(
+                {
+                    "stack": info.name,
+                    "stack_status": info.status,
+                    "outputs": info.outputs,
+                    "workers": workers,
+                    "run": run,
+                },
+                sort_keys=True,
+            )
+        )
+        return 0
+    out(f"stack {info.name}: {info.status}" + (f" ({info.reason})" if info.reason else ""))
+    master, instance = (info.outputs.get(k, "-") for k in ("MasterAddress", "MasterInstanceId"))
+    out(f"master: {master} ({instance})")
+    if workers is None:
+        out("workers: no ECS service yet")
+    else:
+        out(
+            f"workers: {workers['running']} running, {workers['pending']} pending, "
+            f"{workers['desired']} desired ({info.parameters.get('WorkerCapacity', '?')})"
+        )
+    out(_describe_run(run, info.outputs.get("RunS3Uri", "-")))
+    return 0
+
+
+def _describe_run(run: dict[str, Any] | None, uri: str) -> str:
+    if run is None:
+        return f"run: no status in {uri} yet (the master uploads one within a minute of starting)"
+    age = time.time() - float(run.get("updated_at", 0))
+    state = "complete" if run.get("run_complete") else f"{run.get('phase', '?')} phase"
+    elite = run.get("elite_score")
+    elite_text = "-" if elite is None else f"{elite:,.1f}"
+    return (
+        f"run {run.get('env_id', '?')}: generation {run.get('generation', '?')} ({state}), "
+        f"{run.get('frames', 0):,} frames, elite {elite_text}, "
+        f"{run.get('workers', 0)} workers connected, {run.get('leases_reissued', 0)} leases "
+        f"re-issued; as of {age:.0f} s ago\nrun dir: {uri}"
+    )
+
+
+def cmd_scale(clients: Clients, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    if not stack.update_worker_count(clients, args.stack_name, args.workers):
+        out(f"stack {args.stack_name} already has {args.workers} workers")
+        return 0
+    out(f"scaling {args.stack_name} to {args.workers} workers")
+    if not args.no_wait:
+        stack.wait(clients, args.stack_name, args.timeout, args.poll_seconds, _event_printer(out))
+        out(f"stack {args.stack_name}: {args.workers} workers")
+    return 0
+
+
+def cmd_logs(clients: Clients, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    info = stack.require(clients, args.stack_name)
+    start_ms = int((time.time() - args.since) * 1000)
+    prefix = LOG_STREAMS[args.stream]
+    seen: set[str] = set()
+    stop_at = None if args.follow_for is None else time.monotonic() + args.follow_for
+    while True:
+        for event in stack.log_events(clients, info, prefix, start_ms):
+            if event["eventId"] in seen:
+                continue
+            seen.add(event["eventId"])
+            start_ms = max(start_ms, event["timestamp"])
+            stamp = datetime.fromtimestamp(event["timestamp"] / 1000, UTC).strftime("%H:%M:%S")
+            out(f"{stamp} {event['logStreamName']}: {event['message'].rstrip()}")
+        if not args.follow or (stop_at is not None and time.monotonic() >= stop_at):
+            return 0
+        time.sleep(2.0)
+
+
+def cmd_fetch(clients: Clients, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    info = stack.require(clients, args.stack_name)
+    destination = args.to or Path(args.stack_name)
+    fetched = stack.fetch_run(clients, info, destination)
+    total = sum(size for _, size in fetched)
+    out(f"fetched {len(fetched)} files ({total:,} bytes) from {info.outputs['RunS3Uri']} "
+        f"to {destination}")  # fmt: skip
+    out(f"replay the best genome: neuro-eval {destination / 'best_genome.json'} --episodes 30")
+    return 0
+
+
+def cmd_down(clients: Clients, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    info = stack.require(clients, args.stack_name)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise DeployError("refusing to delete without --yes when not on a terminal")
+        answer = input(f"delete stack {args.stack_name} and stop its run? type its name: ")
+        if answer.strip() != args.stack_name:
+            out("not deleted")
+            return 1
+    stack.delete(clients, args.stack_name)
+    out(f"deleting stack {args.stack_name}")
+    if not args.no_wait:
+        stack.wait(clients, args.stack_name, args.timeout, args.poll_seconds, _event_printer(out))
+        stack.unpin_amis(clients, args.stack_name)
+        out(f"stack {args.stack_name} deleted")
+    bucket = info.outputs.get("RunBucket")
+    if bucket:
+        out(f"the run's bucket s3://{bucket} is kept; `neuro-deploy fetch` before deleting it")
+    return 0
+
+
+def _event_printer(out: Callable[[str], None]) -> Callable[[dict[str, Any]], None]:
+    def show(event: dict[str, Any]) -> None:
+        reason = event.get("ResourceStatusReason")
+        out(
+            f"  {event.get('ResourceStatus', '?'):<20} {event.get('LogicalResourceId', '?')} "
+            f"({event.get('ResourceType', '?')})" + (f": {reason}" if reason else "")
+        )
+
+    return show
+
+
+COMMANDS = {
+    "up": cmd_up,
+    "status": cmd_status,
+    "scale": cmd_scale,
+    "logs": cmd_logs,
+    "fetch": cmd_fetch,
+    "down": cmd_down,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        clients = Clients.connect(args.region, args.profile)
+        return COMMANDS[args.command](clients, args, out)
+    except DeployError as error:
+        print(f"neuro-deploy: {error}", file=sys.stderr)
+        return 1
+    except botocore.exceptions.NoCredentialsError:
+        print("neuro-deploy: no AWS credentials found (see --profile)", file=sys.stderr)
+        return 1
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as error:
+        print(f"neuro-deploy {args.command}: AWS said: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,436 @@
+"""The neuro stack on AWS through boto3: create, watch, scale, inspect, fetch and delete it.
+
+Every function takes a `Session`-made client set so tests can point boto3 at a local endpoint
+(AWS_ENDPOINT_URL) and nothing here reads flags or prints; deploy/cli.py does that.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.exceptions
+
+TEMPLATE_NAME = "neuro.yaml"
+# A stack that creates IAM roles must acknowledge it; named roles would need CAPABILITY_NAMED_IAM.
+CAPABILITIES = ["CAPABILITY_IAM"]
+FAILED_STATES = {
+    "CREATE_FAILED",
+    "ROLLBACK_IN_PROGRESS",
+    "ROLLBACK_COMPLETE",
+    "ROLLBACK_FAILED",
+    "DELETE_FAILED",
+    "UPDATE_ROLLBACK_IN_PROGRESS",
+    "UPDATE_ROLLBACK_COMPLETE",
+    "UPDATE_ROLLBACK_FAILED",
+    "UPDATE_FAILED",
+}
+# Ends of an operation: create, update or delete has finished, well or not.
+SETTLED_STATES = {
+    "CREATE_COMPLETE",
+    "UPDATE_COMPLETE",
+    "DELETE_COMPLETE",
+    "CREATE_FAILED",
+    "ROLLBACK_COMPLETE",
+    "ROLLBACK_FAILED",
+    "DELETE_FAILED",
+    "UPDATE_ROLLBACK_COMPLETE",
+    "UPDATE_ROLLBACK_FAILED",
+    "UPDATE_FAILED",
+}
+
+
+class DeployError(Exception):
+    """A deployment step failed; the message says what and, where AWS told us, why."""
+
+
+def template_body() -> str:
+    """The packaged CloudFormation template."""
+    return resources.files("deploy").joinpath(TEMPLATE_NAME).read_text()
+
+
+@dataclass
+class Clients:
+    """The boto3 clients one command needs, from one session (profile and region)."""
+
+    cloudformation: Any
+    ec2: Any
+    ecs: Any
+    logs: Any
+    s3: Any
+    ssm: Any
+    region: str
+
+    @classmethod
+    def connect(cls, region: str | None = None, profile: str | None = None) -> Clients:
+        try:
+            session = boto3.Session(region_name=region, profile_name=profile)
+        except botocore.exceptions.ProfileNotFound as error:
+            raise DeployError(f"AWS profile {profile!r} not found: {error}") from None
+        if session.region_name is None:
+            raise DeployError(
+                "no AWS region: pass --region, set AWS_REGION, or configure a default region"
+            )
+        if session.get_credentials() is None:
+            raise DeployError(
+                "no AWS credentials found: set AWS_PROFILE (or pass --profile), "
+                "export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run `aws configure`"
+            )
+
+        def client(name: str) -> Any:
+            return session.client(name)
+
+        return cls(
+            cloudformation=client("cloudformation"),
+            ec2=client("ec2"),
+            ecs=client("ecs"),
+            logs=client("logs"),
+            s3=client("s3"),
+            ssm=client("ssm"),
+            region=session.region_name,
+        )
+
+
+@dataclass
+class StackInfo:
+    """What describe_stacks says about one stack, flattened."""
+
+    name: str
+    status: str
+    reason: str | None
+    parameters: dict[str, str]
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def describe(clients: Clients, stack_name: str) -> StackInfo | None:
+    """The stack, or None when no stack of that name exists (deleted stacks do not count)."""
+    try:
+        stacks = clients.cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
+    except botocore.exceptions.ClientError as error:
+        if "does not exist" in str(error):
+            return None
+        raise
+    if not stacks or stacks[0]["StackStatus"] == "DELETE_COMPLETE":
+        return None
+    stack = stacks[0]
+    return StackInfo(
+        name=stack["StackName"],
+        status=stack["StackStatus"],
+        reason=stack.get("StackStatusReason"),
+        parameters={
+            p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])
+        },
+        outputs={o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])},
+    )
+
+
+def require(clients: Clients, stack_name: str) -> StackInfo:
+    """The stack, or a DeployError saying it does not exist in this region."""
+    info = describe(clients, stack_name)
+    if info is None:
+        raise DeployError(f"no stack named {stack_name!r} in {clients.region}")
+    return info
+
+
+def default_network(clients: Clients) -> tuple[str, list[str]]:
+    """The region's default VPC and its default subnets (one per availability zone)."""
+    vpcs = clients.ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+    if not vpcs:
+        raise DeployError(
+            f"no default VPC in {clients.region}: pass --vpc-id and --subnet-ids "
+            "(subnets that can reach the internet to pull images)"
+        )
+    vpc_id = vpcs[0]["VpcId"]
+    subnets = clients.ec2.describe_subnets(
+        Filters=[
+            {"Name": "vpc-id", "Values": [vpc_id]},
+            {"Name": "default-for-az", "Values": ["true"]},
+        ]
+    )["Subnets"]
+    if not subnets:
+        raise DeployError(f"the default VPC {vpc_id} has no default subnets: pass --subnet-ids")
+    return vpc_id, sorted(s["SubnetId"] for s in subnets)
+
+
+# CloudFormation resolves SSM-typed parameters again on every update, even with UsePreviousValue:
+# a `scale` after AWS published a newer AMI would replace the master. `up` therefore resolves
+# each AMI once and points the stack at a parameter of its own that never moves.
+AMI_PARAMETERS = {"MasterAmi": "master-ami", "WorkerAmi": "worker-ami"}
+
+
+def pinned_ami_name(stack_name: str, parameter: str) -> str:
+    return f"/neuro/{stack_name}/{AMI_PARAMETERS[parameter]}"
+
+
+def pin_amis(clients: Clients, stack_name: str, parameters: dict[str, str]) -> dict[str, str]:
+    """Replaces each AMI parameter (an id or an SSM path) by a stack-owned pinned SSM name.
+
+    Returns {parameter: ami id}.
+    """
+    pinned = {}
+    for parameter in AMI_PARAMETERS:
+        value = parameters[parameter]
+        if not value.startswith("ami-"):
+            try:
+                value = clients.ssm.get_parameter(Name=value)["Parameter"]["Value"]
+            except botocore.exceptions.ClientError as error:
+                raise DeployError(f"{parameter} {value!r}: {_message(error)}") from None
+        name = pinned_ami_name(stack_name, parameter)
+        clients.ssm.put_parameter(
+            Name=name, Value=value, Type="String", DataType="aws:ec2:image", Overwrite=True
+        )
+        parameters[parameter] = name
+        pinned[parameter] = value
+    return pinned
+
+
+def unpin_amis(clients: Clients, stack_name: str) -> None:
+    for parameter in AMI_PARAMETERS:
+        try:
+            clients.ssm.delete_parameter(Name=pinned_ami_name(stack_name, parameter))
+        except botocore.exceptions.ClientError as error:
+            if _code(error) != "ParameterNotFound":
+                raise
+
+
+def template_defaults(clients: Clients) -> dict[str, str | None]:
+    """Each template parameter and its default (None where it has none), read by CloudFormation."""
+    summary = clients.cloudformation.get_template_summary(TemplateBody=template_body())
+    return {p["ParameterKey"]: p.get("DefaultValue") for p in summary["Parameters"]}
+
+
+def create(clients: Clients, stack_name: str, parameters: dict[str, str]) -> None:
+    """Starts creating the stack; a clear error if it exists already."""
+    existing = describe(clients, stack_name)
+    if existing is not None:
+        raise DeployError(_exists_message(stack_name, existing.status))
+    try:
+        clients.cloudformation.create_stack(
+            StackName=stack_name,
+            TemplateBody=template_body(),
+            Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
+            Capabilities=CAPABILITIES,
+            Tags=[{"Key": "neuro:stack", "Value": stack_name}],
+        )
+    except botocore.exceptions.ClientError as error:
+        if _code(error) == "AlreadyExistsException":
+            raise DeployError(_exists_message(stack_name, "being created")) from None
+        raise DeployError(f"create_stack {stack_name!r} refused: {_message(error)}") from None
+
+
+def _exists_message(stack_name: str, status: str) -> str:
+    hint = (
+        "delete it with `neuro-deploy down` before creating it again"
+        if status in FAILED_STATES
+        else "use `neuro-deploy status`, `scale` or `down`, or pick another --stack-name"
+    )
+    return f"stack {stack_name!r} already exists ({status}): {hint}"
+
+
+def update_worker_count(clients: Clients, stack_name: str, workers: int) -> bool:
+    """Starts an update that changes WorkerCount only; False when it already has that count."""
+    info = require(clients, stack_name)
+    if info.parameters.get("WorkerCount") == str(workers):
+        return False
+    parameters = [
+        {"ParameterKey": key, "ParameterValue": str(workers)}
+        if key == "WorkerCount"
+        else {"ParameterKey": key, "UsePreviousValue": True}
+        for key in info.parameters
+    ]
+    try:
+        clients.cloudformation.update_stack(
+            StackName=stack_name,
+            UsePreviousTemplate=True,
+            Parameters=parameters,
+            Capabilities=CAPABILITIES,
+        )
+    except botocore.exceptions.ClientError as error:
+        if "No updates are to be performed" in _message(error):
+            return False
+        raise DeployError(f"update_stack {stack_name!r} refused: {_message(error)}") from None
+    return True
+
+
+def delete(clients: Clients, stack_name: str) -> None:
+    require(clients, stack_name)
+    clients.cloudformation.delete_stack(StackName=stack_name)
+
+
+def wait(
+    clients: Clients,
+    stack_name: str,
+    timeout_s: float,
+    poll_s: float,
+    on_event: Callable[[dict[str, Any]], None] = lambda event: None,
+) -> str:
+    """Polls until the stack's operation settles; returns the final status.
+
+    Raises DeployError on failure, naming the first resource that failed and AWS's reason.
+    """
+    seen: set[str] = {e["EventId"] for e in _events(clients, stack_name)}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            stack = clients.cloudformation.describe_stacks(StackName=stack_name)["Stacks"][0]
+        except botocore.exceptions.ClientError as error:
+            if "does not exist" in str(error):
+                return "DELETE_COMPLETE"
+            raise
+        for event in reversed(list(_events(clients, stack_name))):
+            if event["EventId"] not in seen:
+                seen.add(event["EventId"])
+                on_event(event)
+        status = stack["StackStatus"]
+        if status in SETTLED_STATES:
+            if status in FAILED_STATES:
+                raise DeployError(failure_report(clients, stack_name, status))
+            return status
+        if time.monotonic() > deadline:
+            raise DeployError(
+                f"stack {stack_name!r} still {status} after {timeout_s:.0f} s; "
+                "`neuro-deploy status` shows how it goes on"
+            )
+        time.sleep(poll_s)
+
+
+def failure_report(clients: Clients, stack_name: str, status: str) -> str:
+    """Names the resources that failed first, with CloudFormation's reasons."""
+    failed = [
+        e
+        for e in reversed(list(_events(clients, stack_name)))
+        if e.get("ResourceStatus", "").endswith("_FAILED")
+        and e.get("ResourceType") != "AWS::CloudFormation::Stack"
+    ]
+    # The first failure causes the rest ("Resource creation cancelled"); list it first.
+    lines = [
+        f"  {e['LogicalResourceId']} ({e['ResourceType']}): "
+        f"{e.get('ResourceStatusReason') or 'no reason given'}"
+        for e in failed
+    ]
+    detail = "\n".join(lines) if lines else "  (no resource reported a failure)"
+    return f"stack {stack_name!r} ended {status}; failed resources:\n{detail}"
+
+
+def _events(clients: Clients, stack_name: str) -> Iterator[dict[str, Any]]:
+    """Events newest first, as describe_stack_events gives them."""
+    try:
+        pages = clients.cloudformation.get_paginator("describe_stack_events").paginate(
+            StackName=stack_name
+        )
+        for page in pages:
+            yield from page["StackEvents"]
+    except botocore.exceptions.ClientError as error:
+        if "does not exist" not in str(error):
+            raise
+
+
+def worker_counts(clients: Clients, info: StackInfo) -> dict[str, int] | None:
+    """The ECS service's desired, running and pending task counts, or None if not found."""
+    cluster = info.outputs.get("ClusterName")
+    service = info.outputs.get("WorkerServiceName")
+    if not cluster or not service:
+        return None
+    found = clients.ecs.describe_services(cluster=cluster, services=[service])["services"]
+    if not found:
+        return None
+    return {
+        "desired": found[0].get("desiredCount", 0),
+        "running": found[0].get("runningCount", 0),
+        "pending": found[0].get("pendingCount", 0),
+    }
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """('bucket', 'prefix') from s3://bucket/prefix."""
+    if not uri.startswith("s3://") or len(uri) <= len("s3://"):
+        raise DeployError(f"not an s3:// URI: {uri!r}")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def run_status(clients: Clients, info: StackInfo) -> dict[str, Any] | None:
+    """The master's own status.json from the run's S3 prefix, or None before its first upload."""
+    uri = info.outputs.get("RunS3Uri")
+    if not uri:
+        return None
+    bucket, prefix = split_s3_uri(uri)
+    try:
+        body = clients.s3.get_object(Bucket=bucket, Key=_key(prefix, "status.json"))["Body"]
+    except botocore.exceptions.ClientError as error:
+        if _code(error) in {"NoSuchKey", "404", "NoSuchBucket"}:
+            return None
+        raise
+    try:
+        return json.loads(body.read())
+    except json.JSONDecodeError as error:
+        raise DeployError(f"s3://{bucket}/{_key(prefix, 'status.json')}: {error}") from None
+
+
+def fetch_run(clients: Clients, info: StackInfo, destination: Path) -> list[tuple[Path, int]]:
+    """Downloads every object of the run's S3 prefix under `destination`; returns (path, size)."""
+    uri = info.outputs.get("RunS3Uri")
+    if not uri:
+        raise DeployError(f"stack {info.name!r} has no RunS3Uri output (status {info.status})")
+    bucket, prefix = split_s3_uri(uri)
+    listed = []
+    for page in clients.s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{prefix}/" if prefix else ""
+    ):
+        listed.extend(page.get("Contents", []))
+    if not listed:
+        raise DeployError(f"nothing under {uri} yet: the master uploads after its first generation")
+    fetched = []
+    for item in listed:
+        relative = item["Key"][len(prefix) :].lstrip("/") if prefix else item["Key"]
+        target = (destination / relative).resolve()
+        if destination.resolve() not in target.parents:
+            raise DeployError(f"refusing to write {item['Key']!r} outside {destination}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        clients.s3.download_file(bucket, item["Key"], str(partial))
+        partial.replace(target)
+        fetched.append((target, item["Size"]))
+    return fetched
+
+
+def log_events(
+    clients: Clients, info: StackInfo, stream_prefix: str | None, start_ms: int
+) -> Iterator[dict[str, Any]]:
+    """Log events of the stack's log group since `start_ms`, oldest first."""
+    group = info.outputs.get("LogGroupName")
+    if not group:
+        raise DeployError(f"stack {info.name!r} has no LogGroupName output (status {info.status})")
+    kwargs: dict[str, Any] = {"logGroupName": group, "startTime": start_ms}
+    if stream_prefix:
+        kwargs["logStreamNamePrefix"] = stream_prefix
+    try:
+        for page in clients.logs.get_paginator("filter_log_events").paginate(**kwargs):
+            # The prefix is also checked here: not every CloudWatch Logs endpoint applies it.
+            yield from (
+                event
+                for event in page.get("events", [])
+                if not stream_prefix or event["logStreamName"].startswith(stream_prefix)
+            )
+    except botocore.exceptions.ClientError as error:
+        if _code(error) == "ResourceNotFoundException":
+            raise DeployError(f"log group {group} not found") from None
+        raise
+
+
+def _key(prefix: str, name: str) -> str:
+    return f"{prefix}/{name}" if prefix else name
+
+
+def _code(error: botocore.exceptions.ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+def _message(error: botocore.exceptions.ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Message", error))
