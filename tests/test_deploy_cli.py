@@ -27,7 +27,7 @@ from tests.conftest import REPO, aws_test_env, worker_env
 
 PUBLIC_AMI = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 # moto warns of each resource type it cannot create; cfn-lint, not moto, checks the template.
-pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS::.*:UserWarning")
+pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse:UserWarning")
 IMAGES = ["--master-image", "example.org/neuro-master:1", "--worker-image", "example.org/w:1"]
 
 
