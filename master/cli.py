@@ -42,10 +42,24 @@ def _positive_seconds(text: str) -> float:
     return seconds
 
 
+def _metrics_port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"must be a port in 0-65535 (flag or NEURO_METRICS_PORT), got {text!r}"
+        )
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="neuro-master",
         description="Run the Deep GA master: hands individuals out as leases over gRPC.",
+        epilog="neuro-master status --master HOST:PORT shows where a running master stands "
+        "(neuro-master status --help).",
     )
     p.add_argument(
         "--env",
@@ -156,6 +170,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="also sync this often, besides after each checkpoint (default 60; env "
         "NEURO_S3_SYNC_SECONDS)",
     )
+    monitoring = p.add_argument_group("monitoring")
+    monitoring.add_argument(
+        "--metrics-port",
+        type=_metrics_port,
+        default=os.environ.get("NEURO_METRICS_PORT") or None,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://METRICS_HOST:PORT/metrics (env "
+        "NEURO_METRICS_PORT; default: off; 0 picks a free port)",
+    )
+    monitoring.add_argument(
+        "--metrics-host",
+        default=os.environ.get("NEURO_METRICS_HOST", "127.0.0.1"),
+        help="address the metrics endpoint listens on (env NEURO_METRICS_HOST; default "
+        "%(default)s). It has no token: serving it beyond loopback shows the run's figures "
+        "and worker ids to anyone who reaches the port",
+    )
     security = p.add_argument_group("security (see README: Security)")
     # The token itself is never a flag: argv is visible to every user of the host in ps.
     security.add_argument(
@@ -187,6 +217,11 @@ def _setting(config, name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["status"]:
+        from master.status_cli import main as status_main
+
+        return status_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s master %(message)s")
@@ -196,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         args.run_dir or f"runs/{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     from master.checkpoint import CheckpointError, load_checkpoint
+    from master.progress import notice_stream
     from master.server import resume_config, run_master
 
     mirror = None
@@ -223,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             config = resume_config(resume, **budget)
             if config.env_id != args.env:
                 raise ValueError(f"{run_dir} is a run on {config.env_id}, not {args.env}")
-            print(f"neuro master: resuming {run_dir} at generation {resume['ga']['generation']}")
+            print(f"neuro master: resuming {run_dir} at generation {resume['ga']['generation']}",
+                  file=notice_stream(sys.stdout))  # fmt: skip
         else:
             config = preset(inspect_env_id(args.env), **overrides)
     except (ValueError, TypeError, CheckpointError) as error:
@@ -246,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                 tls=tls,
                 mirror=mirror,
                 s3_sync_seconds=args.s3_sync_seconds,
+                metrics_host=args.metrics_host,
+                metrics_port=args.metrics_port,
             )
         )
     except (OSError, RuntimeError) as error:
@@ -266,6 +305,7 @@ def _s3_mirror(parser: argparse.ArgumentParser, uri: str) -> RunDirMirror:
 
 def _restore(mirror: RunDirMirror, run_dir: Path) -> bool:
     """Fetches the run from S3 if the run dir holds none; False (said on stderr) if S3 failed."""
+    from master.progress import notice_stream
     from master.s3_mirror import MirrorError
 
     try:
@@ -278,7 +318,8 @@ def _restore(mirror: RunDirMirror, run_dir: Path) -> bool:
         )
         return False
     if restored:
-        print(f"neuro master: restored {run_dir} from {mirror.uri}", flush=True)
+        print(f"neuro master: restored {run_dir} from {mirror.uri}", file=notice_stream(sys.stdout),
+              flush=True)  # fmt: skip
     return True
 
 

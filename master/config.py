@@ -24,20 +24,26 @@ class EnvKind:
     env_id: str
     atari: bool
     reward_threshold: float | None
+    deterministic: bool = False
+    """The return depends on the policy alone (neuro's toy tasks): one elite episode is enough."""
 
 
 def inspect_env_id(env_id: str) -> EnvKind:
-    """Resolves an id through gymnasium's registry (with ale-py's Atari ids registered)."""
+    """Resolves an id through gymnasium's registry (with ale-py's and neuro's ids registered)."""
     import ale_py
     import gymnasium
 
+    from neuro.envs import ENTRY_POINT_PREFIX, register_envs
+
     gymnasium.register_envs(ale_py)
+    register_envs(env_id)
     try:
         spec = gymnasium.spec(env_id)
     except gymnasium.error.Error as error:
         raise ValueError(f"unknown env id {env_id!r}: {error}") from None
     atari = str(spec.entry_point).startswith("ale_py")
-    return EnvKind(env_id, atari, spec.reward_threshold)
+    deterministic = str(spec.entry_point).startswith(ENTRY_POINT_PREFIX)
+    return EnvKind(env_id, atari, spec.reward_threshold, deterministic)
 
 
 @dataclass(frozen=True)
@@ -116,7 +122,8 @@ def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
     """Defaults for this kind of env, with the user's explicit settings on top.
 
     Atari gets the paper's settings. Vector-observation envs get a small, fast GA whose elite
-    is still judged over 30 episodes, so "solved" means what the env's threshold means.
+    is still judged over 30 episodes, so "solved" means what the env's threshold means (one
+    episode for neuro's toy tasks, whose return does not vary).
     """
     ga_fields = {f.name for f in dataclasses.fields(GAConfig)}
     ga_overrides = {k: overrides.pop(k) for k in list(overrides) if k in ga_fields}
@@ -133,7 +140,7 @@ def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
             "truncation": 10,
             "mutation_power": 0.05,
             "elite_candidates": 3,
-            "elite_episodes": 30,
+            "elite_episodes": 1 if kind.deterministic else 30,
         }
         ga = _ga_config(ga_defaults, ga_overrides)
         base = {

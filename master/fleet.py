@@ -5,14 +5,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from master.ga import EvaluationRequest
 from master.leases import Disposition, LeaseCounters, LeaseTable, PhaseTask
 
 WORKER_SEEN_WINDOW_S = 60.0
+RATE_WINDOW_S = 60.0
+"""A worker's frames per second are its accepted frames over this window."""
+FORGET_WORKER_AFTER_S = 600.0
+"""A worker silent this long leaves the worker table, which stays bounded under spot churn."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,144 @@ def split_into_tasks(
     return tasks
 
 
+@dataclass(frozen=True)
+class WorkerStats:
+    """One worker's figures, as Status and /metrics show them."""
+
+    worker_id: str
+    tasks_leased: int
+    evaluations: int
+    frames: int
+    frames_per_second: float
+    seconds_since_contact: float
+
+
+@dataclass(slots=True)
+class _Worker:
+    first_seen: float
+    last_seen: float
+    evaluations: int = 0
+    frames: int = 0
+    # Accepted frames per whole second of the clock, oldest first: at most window + 1
+    # buckets however often the worker reports, so a report costs O(1) amortised.
+    buckets: deque[list[int]] = field(default_factory=deque)
+    window_frames: int = 0
+    held: set[str] = field(default_factory=set)
+    """Task ids granted to it this phase; Status counts those it still holds."""
+
+
+class WorkerRoster:
+    """Per-worker contacts, accepted work and a sliding one-minute frame rate.
+
+    Workers are kept least recently seen first, so forgetting the silent ones costs O(1)
+    amortised per contact. Time comes in as an argument.
+    """
+
+    def __init__(
+        self, rate_window_s: float = RATE_WINDOW_S, forget_after_s: float = FORGET_WORKER_AFTER_S
+    ) -> None:
+        if not 0 < rate_window_s <= forget_after_s:
+            raise ValueError(
+                f"need 0 < rate_window_s <= forget_after_s, got {rate_window_s}, {forget_after_s}"
+            )
+        self.rate_window_s = rate_window_s
+        self.forget_after_s = forget_after_s
+        self._workers: OrderedDict[str, _Worker] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def seen(self, worker_id: str, now: float) -> None:
+        """Records a contact (any call) from this worker."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            self._workers[worker_id] = _Worker(now, now)
+        else:
+            worker.last_seen = now
+            self._workers.move_to_end(worker_id)
+        self.forget(now)
+
+    def credit(self, worker_id: str, episodes: int, frames: int, now: float) -> None:
+        """Adds an accepted result's episodes and frames to a worker seen at `now`."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return
+        worker.evaluations += episodes
+        worker.frames += frames
+        second = int(now)
+        buckets = worker.buckets
+        if buckets and buckets[-1][0] == second:
+            buckets[-1][1] += frames
+        else:
+            buckets.append([second, frames])
+        worker.window_frames += frames
+        self._trim(worker, now)
+
+    def holding(self, worker_id: str, task_ids: Iterable[str]) -> None:
+        """These tasks were granted to (or kept by) this worker."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.held.update(task_ids)
+
+    def not_holding(self, worker_id: str, task_ids: Iterable[str]) -> None:
+        """This worker finished, dropped or handed back these tasks."""
+        worker = self._workers.get(worker_id)
+        if worker is not None and worker.held:
+            worker.held.difference_update(task_ids)
+
+    def phase_ended(self) -> None:
+        """A new phase's task ids share nothing with the last one's: nobody holds anything."""
+        for worker in self._workers.values():
+            worker.held.clear()
+
+    def connected(self, now: float, within_s: float) -> int:
+        """How many workers were seen in the last `within_s` seconds."""
+        horizon, count = now - within_s, 0
+        for worker in reversed(self._workers.values()):  # most recently seen first
+            if worker.last_seen < horizon:
+                break
+            count += 1
+        return count
+
+    def forget(self, now: float) -> None:
+        """Drops workers not seen for forget_after_s."""
+        horizon = now - self.forget_after_s
+        while self._workers:
+            worker_id, worker = next(iter(self._workers.items()))
+            if worker.last_seen >= horizon:
+                break
+            del self._workers[worker_id]
+
+    def snapshot(self, now: float, holder: Callable[[str], str | None]) -> list[WorkerStats]:
+        """Every remembered worker's figures, by worker id; `holder(task_id)` names a lease's."""
+        self.forget(now)
+        stats = []
+        for worker_id, worker in sorted(self._workers.items()):
+            worker.held = {t for t in worker.held if holder(t) == worker_id}
+            self._trim(worker, now)
+            # Since it joined, if that was less than a window ago; at least a second, so a
+            # first report does not read as a burst.
+            span = max(1.0, min(self.rate_window_s, now - worker.first_seen))
+            stats.append(
+                WorkerStats(
+                    worker_id=worker_id,
+                    tasks_leased=len(worker.held),
+                    evaluations=worker.evaluations,
+                    frames=worker.frames,
+                    frames_per_second=worker.window_frames / span,
+                    seconds_since_contact=max(0.0, now - worker.last_seen),
+                )
+            )
+        return stats
+
+    def _trim(self, worker: _Worker, now: float) -> None:
+        # Bucket s covers [s, s + 1): it leaves once all of it is older than the window.
+        oldest = now - self.rate_window_s - 1
+        buckets = worker.buckets
+        while buckets and buckets[0][0] <= oldest:
+            worker.window_frames -= buckets.popleft()[1]
+
+
 class Fleet:
     """Runs one phase at a time on remote workers; gRPC handlers call lease/report/...
 
@@ -89,7 +232,8 @@ class Fleet:
         self._table: LeaseTable | None = None
         self._interrupted: dict[str, tuple[tuple[float, ...], int]] = {}
         self._phase_done = asyncio.Event()
-        self._workers_seen: dict[str, float] = {}
+        self.roster = WorkerRoster()
+        """Per-worker figures (contacts, work, rate) for Status and /metrics."""
         self._finished_task_ids: set[str] = set()
         self.run_complete = False
         self.reissued_total = 0
@@ -125,6 +269,7 @@ class Fleet:
                     self._expire()
         finally:
             self._table = None
+            self.roster.phase_ended()
             self.reissued_total += table.reissued
             # Cancelled mid-phase (shutdown): what was recorded still goes into the checkpoint.
             self._interrupted = {} if table.complete else table.done()
@@ -138,7 +283,9 @@ class Fleet:
         self._seen(worker_id)
         if self._table is None:
             return []
-        return self._table.lease(worker_id, max_tasks, self._clock())
+        granted = self._table.lease(worker_id, max_tasks, self._clock())
+        self.roster.holding(worker_id, (task.task_id for task in granted))
+        return granted
 
     def report_many(self, worker_id: str, outcomes: Sequence[TaskOutcome]) -> list[Disposition]:
         """Records a batch of results and failures; one disposition per outcome, in order.
@@ -159,6 +306,7 @@ class Fleet:
                 )
         self._seen(worker_id)  # after validation: a refused report changes nothing
         dispositions = []
+        episodes_accepted = frames_accepted = 0
         try:
             for task_id, returns, frames, error in outcomes:
                 if error:
@@ -166,11 +314,16 @@ class Fleet:
                 else:
                     disposition = table.complete_task(task_id, returns, frames)
                     if disposition is Disposition.ACCEPTED:
-                        self.frames_accepted += frames
+                        episodes_accepted += len(returns)
+                        frames_accepted += frames
                 if disposition is Disposition.STALE:
                     disposition = self._unknown(task_id)
                 dispositions.append(disposition)
         finally:
+            self.frames_accepted += frames_accepted
+            self.roster.not_holding(worker_id, (outcome.task_id for outcome in outcomes))
+            if episodes_accepted:
+                self.roster.credit(worker_id, episodes_accepted, frames_accepted, self._clock())
             self._wake_if_complete()
         return dispositions
 
@@ -178,12 +331,19 @@ class Fleet:
         self._seen(worker_id)
         if self._table is None:
             return list(task_ids)
-        return self._table.heartbeat(worker_id, task_ids, self._clock())
+        task_ids = list(task_ids)
+        dropped = self._table.heartbeat(worker_id, task_ids, self._clock())
+        self.roster.not_holding(worker_id, dropped)
+        gone = set(dropped)
+        self.roster.holding(worker_id, (t for t in task_ids if t not in gone))
+        return dropped
 
     def release(self, worker_id: str, task_ids: Iterable[str]) -> int:
         self._seen(worker_id)
         if self._table is None:
             return 0
+        task_ids = list(task_ids)
+        self.roster.not_holding(worker_id, task_ids)
         return self._table.release(worker_id, task_ids)
 
     def recorded(self) -> dict[str, tuple[tuple[float, ...], int]]:
@@ -197,8 +357,14 @@ class Fleet:
         return LeaseCounters(c.pending, c.leased, c.done, self.reissued_total + c.reissued)
 
     def workers_connected(self) -> int:
-        horizon = self._clock() - WORKER_SEEN_WINDOW_S
-        return sum(1 for seen in self._workers_seen.values() if seen >= horizon)
+        """Workers that called in the last WORKER_SEEN_WINDOW_S seconds."""
+        return self.roster.connected(self._clock(), WORKER_SEEN_WINDOW_S)
+
+    def worker_stats(self) -> list[WorkerStats]:
+        """Per-worker figures of every worker not yet forgotten, by worker id."""
+        table = self._table
+        holder = table.holder if table is not None else _nobody
+        return self.roster.snapshot(self._clock(), holder)
 
     def _unknown(self, task_id: str) -> Disposition:
         # A task of an earlier phase was done already; anything else is not ours.
@@ -216,4 +382,8 @@ class Fleet:
             self._phase_done.set()
 
     def _seen(self, worker_id: str) -> None:
-        self._workers_seen[worker_id] = self._clock()
+        self.roster.seen(worker_id, self._clock())
+
+
+def _nobody(task_id: str) -> None:
+    return None

@@ -21,10 +21,12 @@ from master.config import RunConfig
 from master.fleet import Fleet, FleetSettings
 from master.ga import GAState, GeneticAlgorithm
 from master.local_workers import LocalWorkers
+from master.progress import ProgressObserver, notice_stream
 from master.rundir import GenerationRecord, RunDirectory
 from master.s3_mirror import FINAL_SYNC_TIMEOUT_S, MirrorLoop, RunDirMirror, status_document
 from master.service import MAX_REQUEST_BYTES, EvolutionService, TaskTemplate, add_to_server
-from master.training import Budget, Trainer
+from master.tensorboard_log import TensorBoardObserver
+from master.training import Budget, Observer, Trainer
 from neuro.v1 import evolution_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,9 @@ async def start_master(
     if resume is not None:
         state = GAState.from_dict(resume["ga"])
         directory.truncate_metrics(state.generation)
+    observers: list[Observer] = [TensorBoardObserver(directory.path / "tensorboard")]
+    if out is not None:
+        observers.append(ProgressObserver(out))
     trainer = Trainer(
         GeneticAlgorithm(config.ga, state),
         fleet,
@@ -111,7 +116,7 @@ async def start_master(
         directory,
         config.genome_document,
         config.env_id,
-        out=out,
+        observers=observers,
         config=config.to_dict(),
         checkpoint_seconds=checkpoint_seconds,
         resume=resume,
@@ -154,13 +159,16 @@ async def run_master(
     tls: tuple[bytes, bytes] | None = None,
     mirror: RunDirMirror | None = None,
     s3_sync_seconds: float = 60.0,
+    metrics_host: str = "127.0.0.1",
+    metrics_port: int | None = None,
 ) -> list[GenerationRecord]:
     """Serves and trains until the budget is spent or SIGINT/SIGTERM arrives.
 
     On a signal the run is checkpointed, not completed: starting again on the same run dir
     continues it, and remote workers wait for the master meanwhile. With a `mirror`, the run
     dir and a status.json go to S3 after each checkpoint, every `s3_sync_seconds` and once
-    at the end, in the background.
+    at the end, in the background. With a `metrics_port`, Prometheus /metrics is served on
+    metrics_host:metrics_port (master.metrics_http).
     """
     master = await start_master(
         config,
@@ -173,6 +181,17 @@ async def run_master(
         token=token,
         tls=tls,
     )
+    metrics = None
+    if metrics_port is not None:
+        from master.metrics_http import start_metrics_server
+
+        try:
+            metrics = start_metrics_server(master.trainer, metrics_host, metrics_port)
+        except OSError:
+            await master.stop(0)
+            raise
+        if out is not None:
+            print(f"neuro master: metrics at {metrics.url}", file=notice_stream(out), flush=True)
     syncer = None
     if mirror is not None:
         trainer = master.trainer
@@ -187,7 +206,7 @@ async def run_master(
         print(
             f"neuro master: run {config.run_id} on {config.env_id}, port {master.port}, "
             f"run dir {run_dir}",
-            file=out,
+            file=notice_stream(out),
             flush=True,
         )
     training = asyncio.ensure_future(master.trainer.run())
@@ -202,7 +221,7 @@ async def run_master(
             return await training
         except asyncio.CancelledError:
             if out is not None:
-                print("neuro master: stopping", file=out, flush=True)
+                print("neuro master: stopping", file=notice_stream(out), flush=True)
             return master.trainer.records
         finally:
             watchdog.cancel()
@@ -215,4 +234,6 @@ async def run_master(
             await syncer.close(FINAL_SYNC_TIMEOUT_S)
         # Let local workers see run_complete and leave on their own before the server goes.
         await workers.stop(timeout=SHUTDOWN_GRACE_S)
+        if metrics is not None:
+            await metrics.close()
         await master.stop()

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import grpc
 from google.protobuf.message import DecodeError
 
-from master.fleet import Fleet, TaskOutcome
+from master.fleet import Fleet, TaskOutcome, WorkerStats
 from master.leases import Disposition, PhaseTask
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
@@ -78,6 +78,7 @@ class EvolutionService(pb_grpc.EvolutionServicer):
     ) -> None:
         self._fleet = fleet
         self._template = template
+        # Must return a fresh message per call: Status adds the per-worker table to it.
         self._status = status
 
     async def Lease(
@@ -149,7 +150,24 @@ class EvolutionService(pb_grpc.EvolutionServicer):
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.StatusResponse:
-        return self._status()
+        return with_worker_status(self._status(), self._fleet.worker_stats())
+
+
+def with_worker_status(
+    status: pb.StatusResponse, workers: Sequence[WorkerStats]
+) -> pb.StatusResponse:
+    """Adds the per-worker table to a (fresh) StatusResponse and returns it."""
+    add = status.worker_status.add
+    for worker in workers:
+        add(
+            worker_id=worker.worker_id,
+            tasks_leased=worker.tasks_leased,
+            evaluations=worker.evaluations,
+            frames=worker.frames,
+            frames_per_second=worker.frames_per_second,
+            seconds_since_contact=worker.seconds_since_contact,
+        )
+    return status
 
 
 def add_to_server(service: EvolutionService, server: grpc.aio.Server) -> None:

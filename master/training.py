@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import math
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 from master.checkpoint import save_checkpoint
 from master.fleet import Fleet
 from master.ga import OFFSPRING, GenerationSummary, GeneticAlgorithm, Genome
 from master.rundir import GenerationRecord, RunDirectory
 from neuro.v1 import evolution_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,19 @@ class Budget:
         )
 
 
+class Observer:
+    """Told what the run does; each method runs on the event loop and must return at once."""
+
+    def started(self, trainer: Trainer) -> None:
+        """The run starts training (or resumes): `trainer` holds its counters so far."""
+
+    def generation(self, record: GenerationRecord, workers: int) -> None:
+        """A generation is over, and its metrics line and checkpoint are on disk."""
+
+    def stopped(self) -> None:
+        """The run stopped training: budget spent, cancelled or failed."""
+
+
 class Trainer:
     """Drives one run. The GA stays pure; this class owns counters, clocks and the run dir."""
 
@@ -48,7 +64,7 @@ class Trainer:
         run_dir: RunDirectory,
         genome_document: Callable[[Genome], dict[str, Any]],
         env_id: str,
-        out: TextIO | None = sys.stdout,
+        observers: Sequence[Observer] = (),
         clock: Callable[[], float] = time.monotonic,
         config: dict[str, Any] | None = None,
         checkpoint_seconds: float = 30.0,
@@ -61,7 +77,7 @@ class Trainer:
         self.run_dir = run_dir
         self.genome_document = genome_document
         self.env_id = env_id
-        self.out = out
+        self.observers = list(observers)
         self.clock = clock
         self.frames = 0
         self.evaluations = 0
@@ -90,6 +106,10 @@ class Trainer:
             task_id: ([math.nan if r is None else r for r in returns], frames)
             for task_id, (returns, frames) in payload["phase_recorded"].items()
         }
+
+    def wall_s(self) -> float:
+        """Seconds the run has trained, across restarts."""
+        return self.clock() - self._started
 
     def checkpoint_payload(self) -> dict[str, Any]:
         """Everything needed to continue: GA, counters, and the running phase's results."""
@@ -132,13 +152,17 @@ class Trainer:
         not told the run is complete, so they wait for the master to come back.
         """
         periodic = asyncio.ensure_future(self._checkpoint_periodically())
+        self._tell_observers("started", self)
         try:
             while not self.budget.exhausted(self.ga.generation, self.frames, self.ga.elite_score):
                 await self._generation()
             self.fleet.run_complete = True
         finally:
             periodic.cancel()
-            await asyncio.shield(self.checkpoint())
+            try:
+                await asyncio.shield(self.checkpoint())
+            finally:
+                self._tell_observers("stopped")
         return self.records
 
     async def _generation(self) -> None:
@@ -175,8 +199,9 @@ class Trainer:
             asyncio.to_thread(self._save, record, document, summary.elite_score, payload)
         )
         self._saving.add_done_callback(self._checkpoint_written)
-        if self.out is not None:
-            print(progress_line(record, self.fleet.workers_connected()), file=self.out, flush=True)
+        # Observers hear of a generation once its checkpoint is on disk: what they write (e.g.
+        # TensorBoard steps) then belongs to a generation a resumed run never plays again.
+        self._saving.add_done_callback(functools.partial(self._generation_saved, record))
 
     def _save(
         self,
@@ -195,6 +220,18 @@ class Trainer:
     def _checkpoint_written(self, saving: asyncio.Future[None]) -> None:
         if self.after_checkpoint is not None and not saving.cancelled() and not saving.exception():
             self.after_checkpoint()
+
+    def _generation_saved(self, record: GenerationRecord, saving: asyncio.Future[None]) -> None:
+        if not saving.cancelled() and not saving.exception():
+            self._tell_observers("generation", record, self.fleet.workers_connected())
+
+    def _tell_observers(self, event: str, *args: Any) -> None:
+        for observer in self.observers:
+            try:
+                getattr(observer, event)(*args)
+            except Exception:
+                # An observer is a view of the run; its failure must not end the run.
+                log.exception("observer %r failed on %s", observer, event)
 
     async def _saved(self) -> None:
         """Waits for the previous generation's files (and raises what writing them raised)."""
@@ -247,16 +284,6 @@ class Trainer:
         if elite is not None:
             response.elite.seeds.extend(elite.seeds)
         return response
-
-
-def progress_line(record: GenerationRecord, workers: int) -> str:
-    """One readable line per generation."""
-    return (
-        f"gen {record.generation:4d} | frames {record.frames:>12,} | "
-        f"evals {record.evaluations:>9,} | "
-        f"score mean {record.score_mean:8.1f} max {record.score_max:8.1f} | "
-        f"elite {record.elite_score:8.1f} | {record.wall_s:8.1f}s | workers {workers}"
-    )
 
 
 def _json_float(value: float) -> float | None:

@@ -55,7 +55,9 @@ def test_one_command_trains_cartpole_to_the_threshold(tmp_path: Path, noise_cach
     # The target is the env's threshold: the elite's mean over its 30 re-evaluation episodes.
     assert records[-1]["elite_score"] >= 475.0
     assert len(records) <= 20
-    assert "gen    0 |" in done.stdout  # a readable progress line per generation
+    # Piped, the progress is one JSON object per generation, the same as metrics.jsonl.
+    progress = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [p["generation"] for p in progress] == [r["generation"] for r in records]
     # The saved genome replays on its own, on episodes the run never saw.
     from worker import evaluate_policy
 

@@ -262,8 +262,8 @@ def test_the_master_mirrors_its_run_and_a_replacement_resumes_from_s3(
     # The machine is replaced: a new, empty run dir and the same URI continue the run.
     done = run_cli("--run-dir", str(second), "--generations", "3", "--s3-uri", uri)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"neuro master: restored {second} from {uri}" in done.stdout
-    assert f"resuming {second} at generation 2" in done.stdout
+    assert f"neuro master: restored {second} from {uri}" in done.stderr
+    assert f"resuming {second} at generation 2" in done.stderr
     stored = objects("bucket", "runs/a/")
     resumed = [json.loads(line) for line in stored["metrics.jsonl"].splitlines()]
     assert [r["generation"] for r in resumed] == [0, 1, 2]
@@ -305,7 +305,7 @@ def test_a_master_killed_outright_leaves_a_resumable_run_in_s3(
     done = run_cli("--run-dir", str(tmp_path / "second"), "--generations", str(generation + 1),
                    "--s3-uri", uri)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"resuming {tmp_path / 'second'} at generation {generation}" in done.stdout
+    assert f"resuming {tmp_path / 'second'} at generation {generation}" in done.stderr
     metrics = read_metrics(tmp_path / "second" / "metrics.jsonl")
     assert [r["generation"] for r in metrics] == list(range(generation + 1))
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
+from neuro.envs import register_envs
+
 PAPER = "paper"
 REGISTERED = "registered"
 PAPER_FRAME_SKIP = 4
@@ -52,22 +54,28 @@ def register_atari() -> None:
 
 def is_atari(env_id: str) -> bool:
     register_atari()
+    register_envs(env_id)
     return str(gym.spec(env_id).entry_point).startswith("ale_py")
 
 
-def make_env(env_id: str, dynamics: str = PAPER) -> EnvHandle:
-    """Builds an env; raises ValueError naming the id when it cannot."""
+def make_env(env_id: str, dynamics: str = PAPER, render_mode: str | None = None) -> EnvHandle:
+    """Builds an env; raises ValueError naming the id when it cannot.
+
+    `render_mode="rgb_array"` lets a replay record video; it leaves the dynamics unchanged.
+    """
     register_atari()
+    register_envs(env_id)  # neuro's toy tasks (neuro/Memorize-v0, ...)
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as error:
         raise ValueError(f"cannot build env {env_id!r}: {error}") from None
     if not str(spec.entry_point).startswith("ale_py"):
-        return EnvHandle(gym.make(env_id), atari=False, dynamics=None, frames_used=lambda s: s)
+        env = gym.make(env_id, render_mode=render_mode)
+        return EnvHandle(env, atari=False, dynamics=None, frames_used=lambda s: s)
     if dynamics == PAPER:
-        return EnvHandle(_paper_atari(spec.kwargs["game"]), True, PAPER, _paper_frames)
+        return EnvHandle(_paper_atari(spec.kwargs["game"], render_mode), True, PAPER, _paper_frames)
     if dynamics == REGISTERED:
-        env = _registered_atari(env_id)
+        env = _registered_atari(env_id, render_mode)
         return EnvHandle(env, True, REGISTERED, lambda _: _episode_frame_number(env))
     raise ValueError(f"atari dynamics must be {PAPER!r} or {REGISTERED!r}, got {dynamics!r}")
 
@@ -76,7 +84,7 @@ def _paper_frames(steps: int) -> int:
     return steps * PAPER_FRAME_SKIP
 
 
-def _paper_atari(game: str) -> gym.Env:
+def _paper_atari(game: str, render_mode: str | None = None) -> gym.Env:
     """No sticky actions, skip 4 with max-pool, 1-30 no-ops, FIRE, 84x84 gray, stack of 4.
 
     The game is rebuilt from its name, so Frostbite-v4 (random 2-4 frame skip),
@@ -91,6 +99,7 @@ def _paper_atari(game: str) -> gym.Env:
         frameskip=1,
         repeat_action_probability=0.0,
         full_action_space=False,
+        render_mode=render_mode,
     )
     # Gymnasium's wrappers check the spec for a frameskip; give the raw env one.
     base.spec = gym.envs.registration.EnvSpec(
@@ -108,9 +117,9 @@ def _paper_atari(game: str) -> gym.Env:
     return gym.wrappers.FrameStackObservation(FireOnReset(env), FRAME_STACK)
 
 
-def _registered_atari(env_id: str) -> gym.Env:
+def _registered_atari(env_id: str, render_mode: str | None = None) -> gym.Env:
     """The registered env's own dynamics, with only the observation preprocessing."""
-    env = gym.make(env_id, obs_type="grayscale")
+    env = gym.make(env_id, obs_type="grayscale", render_mode=render_mode)
     env = gym.wrappers.ResizeObservation(env, (SCREEN_SIZE, SCREEN_SIZE))
     return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
 

@@ -1,4 +1,4 @@
-"""Score a genome outside training: from a seed list (as in the paper's README) or a file."""
+"""Score a genome outside training: a seed list (as in the paper), a genome file or a run dir."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from master.config import PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
 from master.rundir import GENOME_FORMAT
@@ -15,9 +15,29 @@ from worker.evaluator import EvaluationSpec, Evaluator
 from worker.noise import NoiseTableSpec
 from worker.policies import DEFAULT_MLP_HIDDEN
 
+if TYPE_CHECKING:
+    from worker.video import Video
+
+BEST_GENOME = "best_genome.json"
+
+
+def resolve_genome_path(path: str | os.PathLike) -> Path:
+    """A genome file as given; for a run dir, its best_genome.json."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    best = path / BEST_GENOME
+    if not best.is_file():
+        raise ValueError(
+            f"run dir {str(path)!r} has no {BEST_GENOME} (the master writes it after the first "
+            "generation whose elite has a finite score)"
+        )
+    return best
+
 
 def load_genome_file(path: str | os.PathLike) -> EvaluationSpec:
-    """Reads a genome JSON written by the master (best_genome.json, elite_genome.json)."""
+    """Reads a genome JSON the master wrote (best_genome.json, elite_genome.json, a run dir)."""
+    path = resolve_genome_path(path)
     try:
         data: dict[str, Any] = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as error:
@@ -52,11 +72,15 @@ def evaluate_policy(
     max_episode_steps: int = 0,
     env_seed: int = 0,
     evaluator: Evaluator | None = None,
+    video: str | os.PathLike | Video | None = None,
 ) -> list[float]:
     """Plays `episodes` episodes and returns their scores.
 
     `evaluate_policy('Frostbite-v4', [seed, ...])` uses the paper's network and settings;
-    `evaluate_policy('runs/x/best_genome.json', episodes=30)` replays a saved genome.
+    `evaluate_policy('runs/x/best_genome.json', episodes=30)` replays a saved genome (a run
+    dir replays its best_genome.json). `video`: an .mp4 path records the first episode, a
+    `worker.video.Video` the first `Video.episodes` (the `video` extra); the scores are the
+    same either way.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
@@ -81,4 +105,10 @@ def evaluate_policy(
             max_episode_steps=max_episode_steps,
         )
     spec = EvaluationSpec(**{**spec.__dict__, "episodes": episodes, "env_seed": env_seed})
+    if video is not None:
+        from worker.video import Video, play_recorded
+
+        if not isinstance(video, Video):
+            video = Video(video)
+        return play_recorded(spec, video, evaluator or Evaluator())
     return (evaluator or Evaluator()).evaluate(spec).returns

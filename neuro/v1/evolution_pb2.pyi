@@ -191,7 +191,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("run_id", "env_id", "generation", "phase", "frames", "evaluations", "elite_score", "elite", "tasks_pending", "tasks_leased", "tasks_done", "workers", "leases_reissued", "run_complete")
+    __slots__ = ("run_id", "env_id", "generation", "phase", "frames", "evaluations", "elite_score", "elite", "tasks_pending", "tasks_leased", "tasks_done", "workers", "leases_reissued", "run_complete", "worker_status")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,7 @@ class StatusResponse(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     LEASES_REISSUED_FIELD_NUMBER: _ClassVar[int]
     RUN_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_STATUS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     env_id: str
     generation: int
@@ -220,4 +221,21 @@ class StatusResponse(_message.Message):
     workers: int
     leases_reissued: int
     run_complete: bool
-    def __init__(self, run_id: _Optional[str] = ..., env_id: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., frames: _Optional[int] = ..., evaluations: _Optional[int] = ..., elite_score: _Optional[float] = ..., elite: _Optional[_Union[Genome, _Mapping]] = ..., tasks_pending: _Optional[int] = ..., tasks_leased: _Optional[int] = ..., tasks_done: _Optional[int] = ..., workers: _Optional[int] = ..., leases_reissued: _Optional[int] = ..., run_complete: _Optional[bool] = ...) -> None: ...
+    worker_status: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    def __init__(self, run_id: _Optional[str] = ..., env_id: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., frames: _Optional[int] = ..., evaluations: _Optional[int] = ..., elite_score: _Optional[float] = ..., elite: _Optional[_Union[Genome, _Mapping]] = ..., tasks_pending: _Optional[int] = ..., tasks_leased: _Optional[int] = ..., tasks_done: _Optional[int] = ..., workers: _Optional[int] = ..., leases_reissued: _Optional[int] = ..., run_complete: _Optional[bool] = ..., worker_status: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ...) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("worker_id", "tasks_leased", "evaluations", "frames", "frames_per_second", "seconds_since_contact")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASKS_LEASED_FIELD_NUMBER: _ClassVar[int]
+    EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_CONTACT_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    tasks_leased: int
+    evaluations: int
+    frames: int
+    frames_per_second: float
+    seconds_since_contact: float
+    def __init__(self, worker_id: _Optional[str] = ..., tasks_leased: _Optional[int] = ..., evaluations: _Optional[int] = ..., frames: _Optional[int] = ..., frames_per_second: _Optional[float] = ..., seconds_since_contact: _Optional[float] = ...) -> None: ...

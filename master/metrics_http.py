@@ -1,0 +1,179 @@
+"""Prometheus /metrics for a running master: the Status figures, read at scrape time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+
+from master.rundir import GenerationRecord
+from master.service import with_worker_status
+from neuro.v1 import evolution_pb2 as pb
+
+if TYPE_CHECKING:
+    from master.training import Trainer
+
+SCRAPE_TIMEOUT_S = 5.0
+"""How long a scrape waits for the event loop; a loop stuck longer fails the scrape."""
+STOP_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one scrape reports: the Status answer and the last generation's record."""
+
+    status: pb.StatusResponse
+    last_record: GenerationRecord | None
+
+
+def trainer_snapshot(trainer: Trainer) -> Snapshot:
+    """The live figures; call it on the event loop that runs the trainer."""
+    status = with_worker_status(trainer.status(), trainer.fleet.worker_stats())
+    return Snapshot(status, trainer.records[-1] if trainer.records else None)
+
+
+def snapshot_on_loop(
+    loop: asyncio.AbstractEventLoop, read: Callable[[], Snapshot]
+) -> Callable[[], Snapshot]:
+    """A reader for other threads that runs `read` on `loop` and waits for it.
+
+    The fleet and trainer are only ever changed on the loop, and reading them from another
+    thread could see a table half-updated (or a dict changing size mid-iteration). Running the
+    read on the loop gives a consistent picture as of the scrape, costs nothing while nobody
+    scrapes (unlike a copy refreshed every second), and a loop that stops answering shows up
+    as failed scrapes rather than as figures that look fine but no longer move.
+    """
+
+    async def on_loop() -> Snapshot:
+        return read()
+
+    def read_from_thread() -> Snapshot:
+        future = asyncio.run_coroutine_threadsafe(on_loop(), loop)
+        try:
+            return future.result(SCRAPE_TIMEOUT_S)
+        except TimeoutError:
+            future.cancel()
+            raise TimeoutError(
+                f"the master's event loop did not answer within {SCRAPE_TIMEOUT_S:g} s"
+            ) from None
+
+    return read_from_thread
+
+
+class StatusCollector:
+    """Turns each scrape's Snapshot into metric families named neuro_*."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> list[Metric]:
+        # Nothing up front: the registry would otherwise call collect() while registering,
+        # on the loop thread, which then waits on itself.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._snapshot()
+        s = snapshot.status
+        yield InfoMetricFamily(
+            "neuro_run", "The run this master serves.", value={"run_id": s.run_id, "env": s.env_id}
+        )
+        yield _gauge("neuro_generation", "Generations completed.", s.generation)
+        yield CounterMetricFamily(
+            "neuro_frames", "Emulator frames of recorded evaluations.", value=s.frames
+        )
+        yield CounterMetricFamily("neuro_evaluations", "Episodes recorded.", value=s.evaluations)
+        yield _gauge(
+            "neuro_elite_score",
+            "The elite's mean over its re-evaluation episodes (NaN before the first).",
+            s.elite_score,
+        )
+        record = snapshot.last_record
+        if record is not None:
+            yield _gauge(
+                "neuro_score_max", "Best training score of the last generation.", record.score_max
+            )
+            yield _gauge(
+                "neuro_score_mean",
+                "Mean training score of the last generation.",
+                record.score_mean,
+            )
+        yield _gauge(
+            "neuro_workers_connected", "Workers that called in the last minute.", s.workers
+        )
+        yield _gauge("neuro_tasks_pending", "Tasks of this phase waiting.", s.tasks_pending)
+        yield _gauge("neuro_tasks_leased", "Tasks of this phase out on lease.", s.tasks_leased)
+        yield _gauge("neuro_tasks_done", "Tasks of this phase recorded.", s.tasks_done)
+        yield CounterMetricFamily(
+            "neuro_leases_reissued", "Lapsed leases handed out again.", value=s.leases_reissued
+        )
+        yield _gauge("neuro_run_complete", "1 once the budget is spent.", int(s.run_complete))
+        # One series per worker the master still remembers: forgotten workers (silent for
+        # FORGET_WORKER_AFTER_S) simply stop appearing, which bounds the label cardinality.
+        per_worker = (
+            ("tasks_leased", "Tasks this worker holds leases on."),
+            ("frames_per_second", "Accepted frames per second over the last minute."),
+            ("seconds_since_contact", "Seconds since this worker last called."),
+        )
+        for field, documentation in per_worker:
+            family = GaugeMetricFamily(f"neuro_worker_{field}", documentation, labels=["worker"])
+            for worker in s.worker_status:
+                family.add_metric([worker.worker_id], getattr(worker, field))
+            yield family
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+class MetricsServer:
+    """An HTTP thread serving /metrics from a private registry."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread, host: str) -> None:
+        self._server = server
+        self._thread = thread
+        self.host = host
+        self.port: int = server.server_port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    async def close(self) -> None:
+        """Stops serving; waits (bounded) off the loop, so a scrape in flight can finish."""
+
+        def stop() -> None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(STOP_TIMEOUT_S)
+
+        await asyncio.to_thread(stop)
+
+
+def start_metrics_server(trainer: Trainer, host: str, port: int) -> MetricsServer:
+    """Serves the trainer's figures on http://host:port/metrics; call it on the trainer's loop.
+
+    OSError, naming the address, if it cannot listen there. Port 0 picks a free one.
+    """
+    read = snapshot_on_loop(asyncio.get_running_loop(), lambda: trainer_snapshot(trainer))
+    # A registry of its own: several masters (tests) can serve side by side, and the
+    # process-wide default metrics (GC, process) stay out of the run's figures.
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(read))
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise OSError(f"could not serve metrics on {host}:{port}: {reason}") from None
+    return MetricsServer(server, thread, host)

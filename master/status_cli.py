@@ -1,0 +1,221 @@
+"""neuro-master status: where a running master's run stands, asked over its Status RPC."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import FieldDescriptor
+
+from master.auth import METADATA_KEY, TOKEN_ENV, load_token
+from neuro.v1 import evolution_pb2 as pb
+from neuro.v1 import evolution_pb2_grpc as pb_grpc
+
+DEFAULT_MASTER = "127.0.0.1:8080"
+DEFAULT_TIMEOUT_S = 10.0
+EXIT_UNREACHABLE = 1
+EXIT_USAGE = 2
+"""Also a refused token, as for neuro-worker: the caller's configuration is wrong."""
+_ADDRESS = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
+_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+"""Room for the worker table of a very large fleet (gRPC's default cap is 4 MiB)."""
+
+
+class StatusError(Exception):
+    """The Status call failed; the message says why and names the master's address."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_UNREACHABLE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="neuro-master status",
+        description="Show where a running neuro master's run stands: progress, leases and "
+        "a table of its workers.",
+    )
+    p.add_argument(
+        "--master",
+        default=os.environ.get("NEURO_MASTER", DEFAULT_MASTER),
+        help="master address host:port (env NEURO_MASTER; default %(default)s)",
+    )
+    # The token itself is never a flag: argv is visible to every user of the host in ps.
+    p.add_argument(
+        "--token-file",
+        default=os.environ.get("NEURO_TOKEN_FILE"),
+        help="file holding the master's shared token (env NEURO_TOKEN_FILE, or the token "
+        f"itself in env {TOKEN_ENV})",
+    )
+    p.add_argument(
+        "--tls-ca",
+        default=os.environ.get("NEURO_TLS_CA"),
+        help="PEM root certificate of a TLS master (env NEURO_TLS_CA); plaintext without it",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds to wait for the answer (default %(default)s)",
+    )
+    p.add_argument("--json", action="store_true", help="print the answer as one JSON object")
+    return p
+
+
+def parse_address(text: str) -> str:
+    """`host:port` as gRPC takes it; ValueError naming the text if it is not one."""
+    match = _ADDRESS.fullmatch(text.strip())
+    if match is None or not 1 <= int(match["port"]) <= 65535:
+        raise ValueError(
+            f"--master {text!r} is not an address: expected host:port with a port in "
+            "1-65535, e.g. 127.0.0.1:8080 or [::1]:8080"
+        )
+    return f"{match['host']}:{int(match['port'])}"
+
+
+def fetch_status(
+    address: str,
+    token: str | None = None,
+    root_certificates: bytes | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    token_source: str = "the token",
+) -> pb.StatusResponse:
+    """One Status call with a deadline; StatusError (naming `address`) if it fails."""
+    options = [("grpc.max_receive_message_length", _MAX_RESPONSE_BYTES)]
+    if root_certificates is not None:
+        credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+        channel = grpc.secure_channel(address, credentials, options=options)
+    else:
+        channel = grpc.insecure_channel(address, options=options)
+    # Metadata on the one call rather than call credentials, which gRPC refuses on plaintext
+    # channels: a master on loopback may run without TLS.
+    metadata = ((METADATA_KEY, f"Bearer {token}"),) if token is not None else None
+    try:
+        with channel:
+            stub = pb_grpc.EvolutionStub(channel)
+            return stub.Status(pb.StatusRequest(), timeout=timeout, metadata=metadata)
+    except grpc.RpcError as error:
+        raise _explained(error, address, token, root_certificates, timeout, token_source) from None
+
+
+def _explained(
+    error: grpc.RpcError,
+    address: str,
+    token: str | None,
+    root_certificates: bytes | None,
+    timeout: float,
+    token_source: str,
+) -> StatusError:
+    code = error.code() if isinstance(error, grpc.Call) else None
+    details = (error.details() if isinstance(error, grpc.Call) else None) or str(error)
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        if token is None:
+            return StatusError(
+                f"the master at {address} requires a token: give --token-file, "
+                f"NEURO_TOKEN_FILE or {TOKEN_ENV}",
+                EXIT_USAGE,
+            )
+        return StatusError(
+            f"the master at {address} refused {token_source}: the token is wrong", EXIT_USAGE
+        )
+    if code is grpc.StatusCode.UNAVAILABLE:
+        hint = "is it running at that address?"
+        hint += (
+            " If it serves plaintext, leave out --tls-ca."
+            if root_certificates is not None
+            else " If it serves TLS, give --tls-ca."
+        )
+        return StatusError(f"cannot reach the master at {address} ({details}); {hint}")
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return StatusError(f"the master at {address} did not answer within {timeout:g} s")
+    name = code.name if code is not None else "error"
+    return StatusError(f"Status call to the master at {address} failed: {name}: {details}")
+
+
+def status_json(status: pb.StatusResponse) -> dict[str, Any]:
+    """The answer as plain JSON values: every scalar field, elite seeds, the worker table."""
+    document = _scalars(status)
+    document["elite_seeds"] = list(status.elite.seeds)
+    document["worker_status"] = [_scalars(worker) for worker in status.worker_status]
+    return document
+
+
+def _scalars(message: Any) -> dict[str, Any]:
+    """Every non-message, non-repeated field by name; NaN (no value yet) becomes None."""
+    values = {}
+    for field in message.DESCRIPTOR.fields:
+        if field.type == FieldDescriptor.TYPE_MESSAGE or field.is_repeated:
+            continue
+        value = getattr(message, field.name)
+        values[field.name] = None if isinstance(value, float) and math.isnan(value) else value
+    return values
+
+
+def format_status(status: pb.StatusResponse) -> str:
+    """The answer for people: one figure a line, then one line per worker."""
+    elite = "none yet" if math.isnan(status.elite_score) else f"{status.elite_score:.2f}"
+    lines = [
+        f"run           {status.run_id}",
+        f"env           {status.env_id}",
+        f"generation    {status.generation} ({status.phase} phase)",
+        f"frames        {status.frames:,}",
+        f"evaluations   {status.evaluations:,}",
+        f"elite score   {elite}",
+        f"leases out    {status.tasks_leased:,} tasks",
+        f"pending       {status.tasks_pending:,} tasks",
+        f"done          {status.tasks_done:,} tasks (this phase)",
+        f"re-issues     {status.leases_reissued:,}",
+        f"run complete  {'yes' if status.run_complete else 'no'}",
+        f"workers       {status.workers} connected (called in the last minute)",
+    ]
+    if status.worker_status:
+        width = max(6, *(len(w.worker_id) for w in status.worker_status))
+        lines.append("")
+        lines.append(
+            f"{'worker':<{width}}  {'tasks':>6}  {'evaluations':>11}  {'frames':>14}  "
+            f"{'frames/s':>10}  {'last contact':>12}"
+        )
+        for w in status.worker_status:
+            lines.append(
+                f"{w.worker_id:<{width}}  {w.tasks_leased:>6,}  {w.evaluations:>11,}  "
+                f"{w.frames:>14,}  {w.frames_per_second:>10,.1f}  "
+                f"{w.seconds_since_contact:>10.1f} s"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """neuro-master status [--master host:port] [--token-file F] [--tls-ca CA] [--json]."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        address = parse_address(args.master)
+        token = load_token(args.token_file)
+    except ValueError as error:
+        parser.error(str(error))
+    if not 0 < args.timeout < math.inf:
+        parser.error(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    root_certificates = None
+    if args.tls_ca:
+        try:
+            root_certificates = Path(args.tls_ca).read_bytes()
+        except OSError as error:
+            parser.error(f"--tls-ca {args.tls_ca}: {error.strerror}")
+    source = f"the token in {args.token_file}" if args.token_file else f"the token in {TOKEN_ENV}"
+    try:
+        status = fetch_status(address, token, root_certificates, args.timeout, source)
+    except StatusError as error:
+        print(f"neuro-master status: {error}", file=sys.stderr)
+        return error.exit_code
+    if args.json:
+        print(json.dumps(status_json(status), indent=2))
+    else:
+        print(format_status(status))
+    return 0

@@ -1,0 +1,89 @@
+"""neuro's own gymnasium envs: memorisation toy tasks for studying GA settings in seconds.
+
+Ids (call `register_envs()` first; the master and the workers do):
+
+- `neuro/Memorize-v0`: K=64 random Gaussian vectors of dimension D=16, 10 random classes;
+  reward -1 per wrong answer, K steps; return = -(number wrong), 0 is perfect.
+- `neuro/MemorizeUntilMistake-v0`: the same dataset, but the episode ends at the first wrong
+  answer; reward +1 per right answer; return = number right before the first mistake, K is
+  perfect.
+- Sized variants name K, D and the task seed in the id, each part optional, in this order:
+  `neuro/Memorize-K10-v0`, `neuro/MemorizeUntilMistake-K32-D8-v0`, `neuro/Memorize-K64-S7-v0`.
+  An id is all a worker receives, so this is how a distributed run picks the task;
+  `register_envs(env_id)` registers such an id on first use.
+
+Each id is registered with max_episode_steps=K and its perfect score as reward_threshold, so a
+run stops once the elite memorises the whole set. In Python, `gym.make(id, num_examples=K,
+obs_dim=D, task_seed=s)` overrides the registered values, but gymnasium still applies the
+id's time limit and threshold: pass `max_episode_steps=K` too when K grows, or use a sized id.
+"""
+
+from __future__ import annotations
+
+import re
+
+import gymnasium as gym
+
+from neuro.envs.memorize import (
+    DEFAULT_NUM_EXAMPLES,
+    DEFAULT_OBS_DIM,
+    DEFAULT_TASK_SEED,
+    NUM_CLASSES,
+    Memorize,
+    MemorizeUntilMistake,
+    check_task,
+    memorize_dataset,
+)
+
+__all__ = [
+    "ENTRY_POINT_PREFIX",
+    "NUM_CLASSES",
+    "Memorize",
+    "MemorizeUntilMistake",
+    "memorize_dataset",
+    "register_envs",
+]
+
+ENTRY_POINT_PREFIX = "neuro.envs."
+_TASKS = {"Memorize": Memorize, "MemorizeUntilMistake": MemorizeUntilMistake}
+_SIZED_ID = re.compile(
+    r"neuro/(?P<task>Memorize|MemorizeUntilMistake)"
+    r"(?:-K(?P<num_examples>\d+))?(?:-D(?P<obs_dim>\d+))?(?:-S(?P<task_seed>\d+))?-v0"
+)
+
+
+def register_envs(env_id: str | None = None) -> None:
+    """Registers the default ids, and `env_id` too when it names a sized variant; idempotent.
+
+    Raises ValueError naming the id when it asks for an impossible task (K0, D0, ...).
+    """
+    for task in _TASKS:
+        _register(f"neuro/{task}-v0", task, {})
+    match = _SIZED_ID.fullmatch(env_id) if env_id is not None else None
+    if match is not None:
+        sizes = {name: int(value) for name, value in match.groupdict().items()
+                 if name != "task" and value is not None}  # fmt: skip
+        _register(env_id, match["task"], sizes)
+
+
+def _register(env_id: str, task: str, sizes: dict[str, int]) -> None:
+    if env_id in gym.registry:
+        return
+    settings = {
+        "num_examples": DEFAULT_NUM_EXAMPLES,
+        "obs_dim": DEFAULT_OBS_DIM,
+        "task_seed": DEFAULT_TASK_SEED,
+        **sizes,
+    }
+    try:
+        num_examples, _, _ = check_task(**settings)
+    except ValueError as error:
+        raise ValueError(f"env id {env_id!r}: {error}") from None
+    env_class = _TASKS[task]
+    gym.register(
+        id=env_id,
+        entry_point=f"{env_class.__module__}:{env_class.__name__}",
+        kwargs=settings,
+        max_episode_steps=num_examples,
+        reward_threshold=float(num_examples) if env_class.until_mistake else 0.0,
+    )
