@@ -31,6 +31,8 @@ DATA_FILES = ("config.json", "metrics.jsonl", "best_genome.json", "elite_genome.
 CHECKPOINT_FILES = (PREVIOUS, CURRENT)
 """Uploaded after the data files and restored last, the current checkpoint the very last."""
 STATUS_FILE = "status.json"
+TENSORBOARD_DIR = "tensorboard"
+"""Its event files are mirrored too, so a fetched or restored run keeps its curves."""
 STATUS_FIELDS = ("run_id", "env_id", "generation", "phase", "frames", "evaluations",
                  "elite_score", "workers", "tasks_pending", "tasks_leased", "tasks_done",
                  "leases_reissued", "run_complete")  # fmt: skip
@@ -149,7 +151,8 @@ class RunDirMirror:
         run_dir.mkdir(parents=True, exist_ok=True)
         # Data first and the current checkpoint last: a restore cut short leaves no checkpoint
         # (and is redone) or one that every data file is at least as new as.
-        for name in (*DATA_FILES, *CHECKPOINT_FILES):
+        events = sorted(name for name in present if _is_event_file(name))
+        for name in (*DATA_FILES, *events, *CHECKPOINT_FILES):
             if name in present:
                 try:
                     self._download(name, run_dir / name)
@@ -158,24 +161,25 @@ class RunDirMirror:
         return True
 
     def _list(self) -> set[str]:
-        """The run files the prefix holds."""
+        """The run files the prefix holds (names relative to it)."""
         names = set(DATA_FILES + CHECKPOINT_FILES)
         found: set[str] = set()
         prefix = self.uri.key("")
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.uri.bucket, Prefix=prefix, Delimiter="/"
+                Bucket=self.uri.bucket, Prefix=prefix
             )
             for page in pages:
                 for item in page.get("Contents", ()):
                     name = item["Key"][len(prefix) :]
-                    if name in names:
+                    if name in names or _is_event_file(name):
                         found.add(name)
         except Exception as error:
             raise MirrorError(self._describe("cannot list the run's files", error)) from None
         return found
 
     def _download(self, name: str, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
         body = self.client.get_object(Bucket=self.uri.bucket, Key=self.uri.key(name))["Body"]
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".s3")
         try:
@@ -224,8 +228,11 @@ class RunDirMirror:
         # The checkpoints are read first: the trainer writes metrics and genomes before each
         # checkpoint, so the data read after one is at least as new as it, and a run restored
         # from S3 never lacks a metrics line its checkpoint counts (extra lines it drops).
-        changed = {name: self._changed(run_dir / name) for name in (CURRENT, PREVIOUS, *DATA_FILES)}
-        for name in (*DATA_FILES, *CHECKPOINT_FILES):
+        events = _event_files(run_dir)
+        changed = {
+            name: self._changed(run_dir, name) for name in (CURRENT, PREVIOUS, *DATA_FILES, *events)
+        }
+        for name in (*DATA_FILES, *events, *CHECKPOINT_FILES):
             if changed[name] is None:
                 continue
             signature, digest, data = changed[name]
@@ -234,32 +241,56 @@ class RunDirMirror:
         document = {**status, "updated_at": round(time.time(), 3)}
         self._put(STATUS_FILE, (json.dumps(document, indent=2) + "\n").encode())
 
-    def _changed(self, path: Path) -> tuple[tuple[int, int, int], str, bytes] | None:
+    def _changed(self, run_dir: Path, name: str) -> tuple[tuple[int, int, int], str, bytes] | None:
         """(signature, digest, bytes) of a file that differs from its last upload, else None."""
+        path = run_dir / name
         try:
             # Stat before reading: a write that lands after it changes the signature, so the
             # next sync uploads it again.
             stat = os.stat(path)
             signature = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-            last = self._uploaded.get(path.name)
+            last = self._uploaded.get(name)
             if last is not None and last[0] == signature:
                 return None
             data = path.read_bytes()
         except FileNotFoundError:
             return None  # not written yet, or a checkpoint between its two renames
-        if path.name == "metrics.jsonl":
+        if name == "metrics.jsonl":
             data = data[: data.rfind(b"\n") + 1]  # complete lines only, if one is being written
         digest = hashlib.sha256(data).hexdigest()
         if last is not None and last[1] == digest:
-            self._uploaded[path.name] = (signature, digest)
+            self._uploaded[name] = (signature, digest)
             return None
         return signature, digest, data
 
     def _put(self, name: str, data: bytes) -> None:
-        content_type = "application/x-ndjson" if name.endswith(".jsonl") else "application/json"
+        content_type = (
+            "application/octet-stream"
+            if _is_event_file(name)
+            else "application/x-ndjson"
+            if name.endswith(".jsonl")
+            else "application/json"
+        )
         self.client.put_object(
             Bucket=self.uri.bucket, Key=self.uri.key(name), Body=data, ContentType=content_type
         )
+
+
+def _is_event_file(name: str) -> bool:
+    head, _, tail = name.partition("/")
+    return head == TENSORBOARD_DIR and "/" not in tail and tail.startswith("events.out.tfevents")
+
+
+def _event_files(run_dir: Path) -> list[str]:
+    """The run dir's TensorBoard event files, as names relative to it."""
+    try:
+        return sorted(
+            f"{TENSORBOARD_DIR}/{path.name}"
+            for path in (run_dir / TENSORBOARD_DIR).iterdir()
+            if _is_event_file(f"{TENSORBOARD_DIR}/{path.name}") and path.is_file()
+        )
+    except FileNotFoundError:
+        return []
 
 
 class MirrorLoop:

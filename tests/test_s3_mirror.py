@@ -105,6 +105,10 @@ def s3() -> Any:
     return boto3.client("s3")
 
 
+def event_files(run_dir: Path) -> list[str]:
+    return sorted(f"tensorboard/{p.name}" for p in (run_dir / "tensorboard").glob("events.*"))
+
+
 def objects(bucket: str, prefix: str) -> dict[str, bytes]:
     client = s3()
     listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
@@ -247,8 +251,10 @@ def test_the_master_mirrors_its_run_and_a_replacement_resumes_from_s3(
     done = run_cli("--run-dir", str(first), "--generations", "2", "--s3-uri", uri)
     assert done.returncode == 0, done.stderr[-3000:]
     stored = objects("bucket", "runs/a/")
-    assert set(stored) == {*RUN_FILES, "status.json"}
-    for name in RUN_FILES:
+    events = event_files(first)
+    assert len(events) == 1
+    assert set(stored) == {*RUN_FILES, *events, "status.json"}
+    for name in (*RUN_FILES, *events):
         assert stored[name] == (first / name).read_bytes(), name
     metrics = read_metrics(first / "metrics.jsonl")
     status = json.loads(stored["status.json"])
@@ -271,6 +277,9 @@ def test_the_master_mirrors_its_run_and_a_replacement_resumes_from_s3(
     assert json.loads(stored["status.json"])["generation"] == 3
     for name in RUN_FILES:
         assert stored[name] == (second / name).read_bytes(), name
+    # The curves came back with the run, and the resumed process added a file of its own.
+    assert set(events) < set(event_files(second))
+    assert {name for name in stored if name.startswith("tensorboard/")} == set(event_files(second))
 
 
 @pytest.mark.slow
