@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--env",
         default=os.environ.get("NEURO_ENV"),
         required="NEURO_ENV" not in os.environ,
-        help="gymnasium id: Frostbite-v4, ALE/Frostbite-v5, CartPole-v1, ... (env NEURO_ENV)",
+        help="gymnasium id: Frostbite-v4, ALE/Frostbite-v5, CartPole-v1, "
+        "neuro/Memorize-K10-v0, ... (env NEURO_ENV)",
     )
     p.add_argument(
         "--host",
