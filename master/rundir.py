@@ -6,6 +6,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +44,17 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Writes via a temp file, fsync and rename, so a crash leaves the old file or the new one."""
+    write_bytes_atomic(path, [text.encode()])
+
+
+def write_bytes_atomic(path: Path, chunks: Iterable[bytes]) -> None:
+    """write_text_atomic for a stream of bytes (e.g. a download)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from master.checkpoint import CURRENT, PREVIOUS
+from master.rundir import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -181,17 +181,7 @@ class RunDirMirror:
     def _download(self, name: str, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         body = self.client.get_object(Bucket=self.uri.bucket, Key=self.uri.key(name))["Body"]
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".s3")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for chunk in body.iter_chunks(1 << 20):
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_bytes_atomic(path, body.iter_chunks(1 << 20))
 
     def _describe(self, what: str, error: Exception) -> str:
         code = _error_code(error)
