@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import subprocess
 import sys
@@ -152,3 +153,50 @@ def test_the_es_master_modules_do_not_import_torch() -> None:
     code = ("import sys, master.es, master.server, master.cli, worker.layout, worker.noise; "
             "sys.exit('torch' in sys.modules)")  # fmt: skip
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+class _ChunkStub:
+    """Answers FetchParameters with the given chunks, as the master's stream would."""
+
+    def __init__(self, chunks: list) -> None:
+        self.chunks = chunks
+
+    def FetchParameters(self, request, timeout=None):  # the gRPC method's name
+        return iter(self.chunks)
+
+
+def _chunks(theta: np.ndarray, version: int, size: int) -> list:
+    from neuro.v1 import evolution_pb2 as pb
+
+    data = theta.astype("<f4").tobytes()
+    digest = hashlib.sha256(data).hexdigest()
+    return [
+        pb.ParametersChunk(
+            version=version,
+            offset=start,
+            data=data[start : start + size],
+            total_bytes=len(data),
+            sha256=digest,
+        )
+        for start in range(0, len(data), size)
+    ]
+
+
+def test_fetched_parameters_are_reassembled_and_checked() -> None:
+    from worker.client import fetch_parameters
+
+    theta = np.arange(1000, dtype=np.float32) / 7
+    chunks = _chunks(theta, 3, 512)
+    digest = chunks[0].sha256
+    fetched = fetch_parameters(_ChunkStub(chunks), "w", 3, digest)
+    assert np.array_equal(fetched, theta)
+    damaged = [type(chunk)() for chunk in chunks]
+    for copy, chunk in zip(damaged, chunks, strict=True):
+        copy.CopyFrom(chunk)
+    damaged[1].data = b"\0" * len(chunks[1].data)  # a bit flipped on the way
+    with pytest.raises(ValueError, match="version 3 arrived incomplete or altered"):
+        fetch_parameters(_ChunkStub(damaged), "w", 3, digest)
+    with pytest.raises(ValueError, match="version 3 arrived incomplete or altered"):
+        fetch_parameters(_ChunkStub(chunks[:-1]), "w", 3, digest)
+    with pytest.raises(ValueError, match="out of order"):
+        fetch_parameters(_ChunkStub([chunks[1], chunks[0]]), "w", 3, digest)

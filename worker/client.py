@@ -474,6 +474,12 @@ class WorkerClient:
                         )
                     except ParametersUnavailable:
                         continue  # a finished update: the master no longer wants this task
+                    except ValueError as error:
+                        # A damaged transfer must not end the worker: the lease lapses and the
+                        # master re-issues the task, to this worker or another.
+                        log.warning("worker %s: %s; task %s skipped", self.worker_id, error,
+                                    task.task_id)  # fmt: skip
+                        continue
                     self.evaluator.set_parameters(es.version, theta)
             kept.append(task)
         return kept
