@@ -76,3 +76,26 @@ def test_short_atari_es_run_fetches_parameters_above_the_message_limit(
     assert best["architecture"] == "deepga"
     theta = np.load(run_dir / best["parameters"]["file"])
     assert theta.nbytes > 4 * 2**20  # more than one gRPC message may carry
+
+
+def test_an_es_run_resumes_from_its_checkpoint(tmp_path: Path, noise_cache: Path) -> None:
+    run_dir = tmp_path / "run"
+    settings = ("--env", "CartPole-v1", "--run-dir", str(run_dir), "--pairs", "5",
+                "--eval-episodes", "2", "--no-target", "--quiet")  # fmt: skip
+    done = run_master(*settings, "--generations", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = read_metrics(run_dir / "metrics.jsonl")
+    payload = load_checkpoint(run_dir)
+    theta_after_two = load_sidecar(run_dir, payload["sidecar"])[0].copy()
+    done = run_master(*settings, "--generations", "4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming {run_dir} at generation 2" in done.stderr
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert records[:2] == first
+    check_counters(records, 5, 2)
+    resumed = load_checkpoint(run_dir)
+    assert resumed["ga"]["generation"] == 4
+    # Two more updates moved theta on from where the first process left it.
+    theta_after_four = load_sidecar(run_dir, resumed["sidecar"])[0]
+    assert theta_after_four.shape == theta_after_two.shape
+    assert not np.array_equal(theta_after_four, theta_after_two)
