@@ -15,10 +15,43 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = "neuro.checkpoint/1"
 CURRENT = "checkpoint.json"
 PREVIOUS = "checkpoint.prev.json"
+
+
+SIDECAR_PREFIX = "es_state-"
+
+
+def save_sidecar(run_dir: Path, generation: int, array: np.ndarray) -> dict[str, Any]:
+    """Writes arrays too big for JSON as an .npy, atomically; returns what the checkpoint records.
+
+    Kept: this generation's and the one before (the previous checkpoint may name it).
+    """
+    from master.rundir import write_array_atomic
+
+    name = f"{SIDECAR_PREFIX}{generation}.npy"
+    sha256 = write_array_atomic(run_dir / name, array)
+    for old in run_dir.glob(f"{SIDECAR_PREFIX}*.npy"):
+        stem = old.name.removeprefix(SIDECAR_PREFIX).removesuffix(".npy")
+        if stem.isdigit() and int(stem) < generation - 1:
+            old.unlink(missing_ok=True)
+    return {"file": name, "sha256": sha256}
+
+
+def load_sidecar(run_dir: Path, record: dict[str, Any]) -> np.ndarray:
+    """The arrays a checkpoint names, checked against its sha256."""
+    path = run_dir / record["file"]
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: unreadable ({error})") from None
+    if hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest() != record["sha256"]:
+        raise CheckpointError(f"{path}: sha256 does not match the checkpoint's")
+    return array
 
 
 class CheckpointError(Exception):

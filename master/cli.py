@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from master.config import ARCHITECTURES, ATARI_DYNAMICS, inspect_env_id, preset
+from master.config import ALGORITHMS, ARCHITECTURES, ATARI_DYNAMICS, inspect_env_id, preset
 
 if TYPE_CHECKING:
     from master.s3_mirror import RunDirMirror
@@ -57,7 +57,7 @@ def _metrics_port(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="neuro-master",
-        description="Run the Deep GA master: hands individuals out as leases over gRPC.",
+        description="Run the Deep GA (or ES) master: hands evaluations out as leases over gRPC.",
         epilog="neuro-master status --master HOST:PORT shows where a running master stands "
         "(neuro-master status --help).",
     )
@@ -104,6 +104,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-target",
         action="store_true",
         help="never stop at a target score; run the other budgets out",
+    )
+    p.add_argument(
+        "--algo",
+        choices=ALGORITHMS,
+        dest="algorithm",
+        help="ga (default): the Deep GA; es: Evolution Strategies on the same fleet (a resumed "
+        "run keeps its own)",
+    )
+    es = p.add_argument_group("evolution strategies (--algo es)")
+    es.add_argument("--pairs", type=int, help="antithetic pairs per update")
+    es.add_argument("--sigma", type=float, help="parameter noise standard deviation")
+    es.add_argument("--learning-rate", type=float, help="Adam step size")
+    es.add_argument("--weight-decay", type=float, help="L2 coefficient")
+    es.add_argument(
+        "--eval-episodes", type=int, help="episodes of the unperturbed parameters per update"
     )
     ga = p.add_argument_group("genetic algorithm (defaults: the paper's for Atari)")
     ga.add_argument("--population", type=int, dest="population_size")
@@ -208,12 +223,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 GA_FLAGS = ("population_size", "truncation", "mutation_power", "elite_candidates", "elite_episodes",
             "seed")  # fmt: skip
+ES_FLAGS = ("pairs", "sigma", "learning_rate", "weight_decay", "eval_episodes")
 RUN_FLAGS = ("generations", "frames", "target_score", "architecture", "hidden_sizes",
              "atari_dynamics", "max_episode_steps", "noise_table_size", "noise_table_seed",
              "lease_seconds", "max_task_attempts", "episodes_per_task")  # fmt: skip
 
 
 def _setting(config, name: str):
+    if name in ES_FLAGS:
+        return getattr(config.es, name, None)
     return getattr(config.ga, name) if hasattr(config.ga, name) else getattr(config, name)
 
 
@@ -241,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         # Before resume-or-new: a replacement machine continues the run S3 holds.
         if not _restore(mirror, run_dir):
             return 1
-    overrides = {k: getattr(args, k) for k in GA_FLAGS + RUN_FLAGS if getattr(args, k) is not None}
+    flags = GA_FLAGS + ES_FLAGS + RUN_FLAGS
+    overrides = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
     if args.no_target:
         overrides["target_score"] = None
     try:
@@ -258,12 +277,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"only the budget may change, not {changed}"
                 )
             config = resume_config(resume, **budget)
+            if args.algorithm not in (None, config.algorithm):
+                raise ValueError(f"{run_dir} is a {config.algorithm} run, not {args.algorithm}")
             if config.env_id != args.env:
                 raise ValueError(f"{run_dir} is a run on {config.env_id}, not {args.env}")
             print(f"neuro master: resuming {run_dir} at generation {resume['ga']['generation']}",
                   file=notice_stream(sys.stdout))  # fmt: skip
         else:
-            config = preset(inspect_env_id(args.env), **overrides)
+            config = preset(inspect_env_id(args.env), algorithm=args.algorithm or "ga", **overrides)
     except (ValueError, TypeError, CheckpointError) as error:
         parser.error(str(error))
     token, tls = _security(parser, args)

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from master.es import ESConfig, Parameters
 from master.ga import GAConfig, Genome
 from master.rundir import GENOME_FORMAT
 
@@ -15,6 +16,7 @@ ATARI_DYNAMICS = ("paper", "registered")
 PAPER_NOISE_TABLE_SIZE = 250_000_000
 SMALL_NOISE_TABLE_SIZE = 2**24
 ATARI_TRAINING_EPISODE_STEPS = 5000
+ALGORITHMS = ("ga", "es")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,17 @@ class RunConfig:
     max_task_attempts: int = 5
     episodes_per_task: int = 1
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    es: ESConfig | None = None
+    """Set: the run uses Evolution Strategies instead of the GA."""
+
+    @property
+    def algorithm(self) -> str:
+        return "es" if self.es is not None else "ga"
+
+    @property
+    def seed(self) -> int:
+        """The run seed (env seeds of tasks derive from it)."""
+        return self.es.seed if self.es is not None else self.ga.seed
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -100,6 +113,8 @@ class RunConfig:
         """Inverse of to_dict (a checkpoint's copy of the settings)."""
         fields = dict(data)
         fields["ga"] = GAConfig(**fields["ga"])
+        if fields.get("es") is not None:
+            fields["es"] = ESConfig(**fields["es"])
         fields["hidden_sizes"] = tuple(fields["hidden_sizes"])
         return cls(**fields)
 
@@ -117,6 +132,14 @@ class RunConfig:
             "seeds": list(genome.seeds),
         }
 
+    def parameters_document(self, parameters: Parameters) -> dict[str, Any]:
+        """ES parameters for replay: the run dir writes "parameters" as an .npy beside it."""
+        assert self.es is not None
+        document = self.genome_document(Genome((0,)))
+        document.update(seeds=[], mutation_power=self.es.sigma, version=parameters.version,
+                        parameters=parameters.theta)  # fmt: skip
+        return document
+
 
 def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
     """Defaults for this kind of env, with the user's explicit settings on top.
@@ -125,6 +148,13 @@ def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
     is still judged over 30 episodes, so "solved" means what the env's threshold means (one
     episode for neuro's toy tasks, whose return does not vary).
     """
+    algorithm = overrides.pop("algorithm", "ga")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r} is not one of {ALGORITHMS}")
+    es_fields = {f.name for f in dataclasses.fields(ESConfig)}
+    es_overrides = {k: overrides.pop(k) for k in list(overrides) if k in es_fields - {"seed"}}
+    if "seed" in overrides:
+        es_overrides["seed"] = overrides["seed"]
     ga_fields = {f.name for f in dataclasses.fields(GAConfig)}
     ga_overrides = {k: overrides.pop(k) for k in list(overrides) if k in ga_fields}
     if kind.atari:
@@ -149,6 +179,15 @@ def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
             "noise_table_size": SMALL_NOISE_TABLE_SIZE,
             "target_score": kind.reward_threshold,
         }
+    if algorithm == "es":
+        es_defaults: dict[str, Any] = (
+            {"pairs": 500, "sigma": 0.02, "learning_rate": 0.01, "eval_episodes": 1}
+            if kind.atari
+            else {"eval_episodes": 1 if kind.deterministic else 30}
+        )
+        base["es"] = ESConfig(**{**es_defaults, **es_overrides})
+    elif es_overrides.keys() - {"seed"}:
+        raise ValueError(f"{sorted(es_overrides.keys() - {'seed'})} are ES settings (--algo es)")
     # An explicit None is a setting too (target_score=None: no target).
     settings = {**base, **overrides}
     return RunConfig(env_id=kind.env_id, atari=kind.atari, ga=ga, **settings)

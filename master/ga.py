@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from master.es import Perturbation
 
 SEED_BOUND = 2**32
 OFFSPRING = "offspring"
@@ -86,7 +89,8 @@ class EvaluationRequest:
     """Play `episodes` episodes with `genome`; `key` names the answer in tell()."""
 
     key: str
-    genome: Genome
+    genome: Genome | Perturbation
+    """A GA genome, or an ES perturbation of the current parameters."""
     episodes: int
 
 

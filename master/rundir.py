@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 GENOME_FORMAT = "neuro.genome/1"
 
@@ -32,14 +35,33 @@ class GenerationRecord:
     generation_frames: int
     failed_evaluations: int
     leases_reissued: int
+    extra: dict[str, Any] = field(default_factory=dict)
+    """The algorithm's own figures (ES: theta_rank, ...), written beside the common ones."""
 
     def to_json(self) -> str:
-        return json.dumps({k: _finite_or_none(v) for k, v in self.__dict__.items()})
+        fields = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        return json.dumps({k: _finite_or_none(v) for k, v in {**fields, **self.extra}.items()})
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Writes via a temp file, fsync and rename, so a crash leaves the old file or the new one."""
     write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_array_atomic(path: Path, array: np.ndarray) -> str:
+    """Saves an .npy via a temp file, fsync and rename; returns the sha256 of its values."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, array, allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -97,11 +119,26 @@ class RunDirectory:
             os.fsync(f.fileno())
 
     def save_elite(self, genome_document: dict[str, Any], score: float) -> None:
-        """Keeps the latest elite, and the best one so far by re-evaluated score."""
-        write_json_atomic(self.elite_genome_path, genome_document)
+        """Keeps the latest elite, and the best one so far by re-evaluated score.
+
+        A document whose "parameters" is an array (ES) gets it saved as an .npy beside the
+        JSON first, which then names that file and its sha256.
+        """
+        write_json_atomic(self.elite_genome_path, self._with_parameters_file(genome_document,
+                                                                            "elite"))  # fmt: skip
         if math.isfinite(score) and score > self._best_score:
             self._best_score = score
-            write_json_atomic(self.best_genome_path, genome_document)
+            write_json_atomic(
+                self.best_genome_path, self._with_parameters_file(genome_document, "best")
+            )
+
+    def _with_parameters_file(self, document: dict[str, Any], stem: str) -> dict[str, Any]:
+        parameters = document.get("parameters")
+        if not isinstance(parameters, np.ndarray):
+            return document
+        name = f"{stem}_params.npy"
+        sha256 = write_array_atomic(self.path / name, parameters)
+        return {**document, "parameters": {"file": name, "sha256": sha256}}
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -17,14 +17,22 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from master.auth import TokenInterceptor
+from master.checkpoint import load_sidecar
 from master.config import RunConfig
+from master.es import ESState, EvolutionStrategy
 from master.fleet import Fleet, FleetSettings
 from master.ga import GAState, GeneticAlgorithm
 from master.local_workers import LocalWorkers
 from master.progress import ProgressObserver, notice_stream
 from master.rundir import GenerationRecord, RunDirectory
 from master.s3_mirror import FINAL_SYNC_TIMEOUT_S, MirrorLoop, RunDirMirror, status_document
-from master.service import MAX_REQUEST_BYTES, EvolutionService, TaskTemplate, add_to_server
+from master.service import (
+    MAX_REQUEST_BYTES,
+    EvolutionService,
+    ParameterStore,
+    TaskTemplate,
+    add_to_server,
+)
 from master.tensorboard_log import TensorBoardObserver
 from master.training import Budget, Observer, Trainer
 from neuro.v1 import evolution_pb2 as pb
@@ -56,7 +64,36 @@ def resume_config(payload: dict[str, Any], **budget: Any) -> RunConfig:
     return dataclasses.replace(RunConfig.from_dict(payload["config"]), **budget)
 
 
-def task_template(config: RunConfig) -> TaskTemplate:
+def build_es(config: RunConfig, run_dir: Path, resume: dict[str, Any] | None) -> EvolutionStrategy:
+    """The ES of a run: theta initialised like a GA genome's first seed, or resumed."""
+    import numpy as np
+
+    from worker.decode import decode_genome
+    from worker.envs import make_env
+    from worker.layout import init_scale, parameter_layout
+    from worker.noise import NoiseTableSpec, load_noise_table
+
+    assert config.es is not None
+    table = load_noise_table(NoiseTableSpec(config.noise_table_seed, config.noise_table_size))
+    if resume is not None:
+        arrays = load_sidecar(run_dir, resume["sidecar"])
+        return EvolutionStrategy(config.es, table, state=ESState.from_dict(resume["ga"], arrays))
+    # The master builds the env once, only to learn its spaces (no torch here).
+    env = make_env(config.env_id, config.atari_dynamics).env
+    try:
+        space = env.action_space
+        outputs = int(space.n) if hasattr(space, "n") else int(np.prod(space.shape))
+        layout = parameter_layout(
+            config.architecture, env.observation_space.shape, outputs, config.hidden_sizes
+        )
+    finally:
+        env.close()
+    seed = int(np.random.default_rng(config.es.seed).integers(2**32))
+    theta = decode_genome(table, init_scale(layout), config.es.sigma, [seed])
+    return EvolutionStrategy(config.es, table, theta)
+
+
+def task_template(config: RunConfig, parameters: ParameterStore | None = None) -> TaskTemplate:
     dynamics = {
         "paper": pb.ATARI_DYNAMICS_PAPER,
         "registered": pb.ATARI_DYNAMICS_REGISTERED,
@@ -66,9 +103,10 @@ def task_template(config: RunConfig) -> TaskTemplate:
         env=pb.EnvSpec(env_id=config.env_id, atari_dynamics=dynamics if config.atari else 0),
         policy=pb.PolicySpec(architecture=config.architecture, hidden_sizes=config.hidden_sizes),
         noise_table=pb.NoiseTableSpec(seed=config.noise_table_seed, size=config.noise_table_size),
-        mutation_power=config.ga.mutation_power,
+        mutation_power=config.es.sigma if config.es is not None else config.ga.mutation_power,
         max_episode_steps=config.max_episode_steps,
         lease_seconds=config.lease_seconds,
+        parameters=parameters,
     )
 
 
@@ -94,7 +132,7 @@ async def start_master(
     fleet = Fleet(
         FleetSettings(
             run_id=config.run_id,
-            run_seed=config.ga.seed,
+            run_seed=config.seed,
             lease_seconds=config.lease_seconds,
             max_attempts=config.max_task_attempts,
             episodes_per_task=config.episodes_per_task,
@@ -102,19 +140,27 @@ async def start_master(
     )
     directory = RunDirectory(run_dir)
     directory.write_config(config.to_dict())
-    state = None
+    algorithm: GeneticAlgorithm | EvolutionStrategy
+    parameters = None
+    if config.es is not None:
+        algorithm = build_es(config, directory.path, resume)
+        parameters = ParameterStore(algorithm.parameters)
+        document = config.parameters_document
+    else:
+        state = GAState.from_dict(resume["ga"]) if resume is not None else None
+        algorithm = GeneticAlgorithm(config.ga, state)
+        document = config.genome_document
     if resume is not None:
-        state = GAState.from_dict(resume["ga"])
-        directory.truncate_metrics(state.generation)
+        directory.truncate_metrics(algorithm.generation)
     observers: list[Observer] = [TensorBoardObserver(directory.path / "tensorboard")]
     if out is not None:
         observers.append(ProgressObserver(out))
     trainer = Trainer(
-        GeneticAlgorithm(config.ga, state),
+        algorithm,
         fleet,
         Budget(config.generations, config.frames, config.target_score),
         directory,
-        config.genome_document,
+        document,
         config.env_id,
         observers=observers,
         config=config.to_dict(),
@@ -128,7 +174,8 @@ async def start_master(
         interceptors=interceptors,
     )
     # Not the generated add_EvolutionServicer_to_server: unparsable bytes get INVALID_ARGUMENT.
-    add_to_server(EvolutionService(fleet, task_template(config), trainer.status), server)
+    service = EvolutionService(fleet, task_template(config, parameters), trainer.status)
+    add_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if tls is not None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from master.es import Parameters, Perturbation
 from master.fleet import Fleet, TaskOutcome, WorkerStats
 from master.leases import Disposition, PhaseTask
 from neuro.v1 import evolution_pb2 as pb
@@ -22,6 +24,27 @@ MAX_EPISODE_FRAMES = 2**32 - 1
 """Far above any real episode; keeps cumulative frame counts inside Status's uint64."""
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 """The server's receive limit (grpc's default); a larger request gets RESOURCE_EXHAUSTED."""
+PARAMETER_CHUNK_BYTES = 2**20
+"""FetchParameters streams a version in pieces this big, well under any message limit."""
+
+
+class ParameterStore:
+    """The ES's current parameters as wire bytes and sha256, computed once per version."""
+
+    def __init__(self, current: Callable[[], Parameters]) -> None:
+        self._current = current
+        self._cached: tuple[int, bytes, str] | None = None
+
+    def get(self, version: int | None = None) -> tuple[int, bytes, str] | None:
+        """(version, float32 little-endian bytes, sha256); None if `version` is not current."""
+        parameters = self._current()
+        if version is not None and version != parameters.version:
+            return None
+        if self._cached is None or self._cached[0] != parameters.version:
+            data = parameters.theta.astype("<f4").tobytes()
+            self._cached = (parameters.version, data, hashlib.sha256(data).hexdigest())
+        return self._cached
+
 
 _DISPOSITIONS = {
     Disposition.ACCEPTED: pb.RESULT_DISPOSITION_ACCEPTED,
@@ -41,6 +64,8 @@ class TaskTemplate:
     mutation_power: float
     max_episode_steps: int
     lease_seconds: float
+    parameters: ParameterStore | None = None
+    """ES runs: where perturbation tasks' parameters come from."""
 
     @functools.cached_property
     def _prototype(self) -> pb.Task:
@@ -62,9 +87,22 @@ class TaskTemplate:
             task = add()
             task.CopyFrom(prototype)
             task.task_id = phase_task.task_id
-            task.genome.seeds.extend(phase_task.genome.seeds)
+            genome = phase_task.genome
+            if isinstance(genome, Perturbation):
+                self._add_perturbation(task, genome)
+            else:
+                task.genome.seeds.extend(genome.seeds)
             task.episodes = phase_task.episodes
             task.env_seed = phase_task.env_seed
+
+    def _add_perturbation(self, task: pb.Task, perturbation: Perturbation) -> None:
+        assert self.parameters is not None, "an ES task needs the template's parameters"
+        current = self.parameters.get(perturbation.version)
+        assert current is not None, "tasks of a finished update are never leased"
+        version, data, sha256 = current
+        es = task.perturbation
+        es.version, es.noise_index, es.sign = version, perturbation.noise_index, perturbation.sign
+        es.sigma, es.num_params, es.parameters_sha256 = self.mutation_power, len(data) // 4, sha256
 
 
 class EvolutionService(pb_grpc.EvolutionServicer):
@@ -152,6 +190,25 @@ class EvolutionService(pb_grpc.EvolutionServicer):
     ) -> pb.StatusResponse:
         return with_worker_status(self._status(), self._fleet.worker_stats())
 
+    async def FetchParameters(
+        self, request: pb.ParametersRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ParametersChunk]:
+        await _check_common(request, context)
+        store = self._template.parameters
+        current = store.get(request.version) if store is not None else None
+        if current is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"parameters of version {request.version} are not served (run is not ES, or "
+                "the update is over)",
+            )
+        version, data, sha256 = current
+        for offset in range(0, max(len(data), 1), PARAMETER_CHUNK_BYTES):
+            yield pb.ParametersChunk(
+                version=version, offset=offset, total_bytes=len(data), sha256=sha256,
+                data=data[offset : offset + PARAMETER_CHUNK_BYTES],
+            )  # fmt: skip
+
 
 def with_worker_status(
     status: pb.StatusResponse, workers: Sequence[WorkerStats]
@@ -181,6 +238,13 @@ def add_to_server(service: EvolutionService, server: grpc.aio.Server) -> None:
     for method in descriptor.methods:
         request_type = getattr(pb, method.input_type.name)
         response_type = getattr(pb, method.output_type.name)
+        if method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                _refusing_malformed_stream(getattr(service, method.name)),
+                request_deserializer=_parser(request_type),
+                response_serializer=response_type.SerializeToString,
+            )
+            continue
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             _refusing_malformed(getattr(service, method.name)),
             request_deserializer=_parser(request_type),
@@ -217,6 +281,19 @@ def _refusing_malformed(
         if isinstance(request, _Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.problem)
         return await method(request, context)
+
+    return handle
+
+
+def _refusing_malformed_stream(
+    method: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]],
+) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+    @functools.wraps(method)
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.problem)
+        async for item in method(request, context):
+            yield item
 
     return handle
 

@@ -1,4 +1,7 @@
-"""The master's loop: ask the GA -> evaluate on the fleet -> tell; observers record the rest."""
+"""The master's loop: ask the algorithm (GA or ES) -> evaluate on the fleet -> tell.
+
+Observers record the rest.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from master.checkpoint import save_checkpoint
+from master.checkpoint import save_checkpoint, save_sidecar
+from master.es import ESSummary, EvolutionStrategy
 from master.fleet import Fleet
 from master.ga import OFFSPRING, GenerationSummary, GeneticAlgorithm, Genome
 from master.rundir import GenerationRecord, RunDirectory
@@ -58,11 +62,11 @@ class Trainer:
 
     def __init__(
         self,
-        ga: GeneticAlgorithm,
+        ga: GeneticAlgorithm | EvolutionStrategy,
         fleet: Fleet,
         budget: Budget,
         run_dir: RunDirectory,
-        genome_document: Callable[[Genome], dict[str, Any]],
+        genome_document: Callable[[Any], dict[str, Any]],
         env_id: str,
         observers: Sequence[Observer] = (),
         clock: Callable[[], float] = time.monotonic,
@@ -112,7 +116,10 @@ class Trainer:
         return self.clock() - self._started
 
     def checkpoint_payload(self) -> dict[str, Any]:
-        """Everything needed to continue: GA, counters, and the running phase's results."""
+        """Everything needed to continue: algorithm, counters, and the running phase's results.
+
+        (The ES's arrays are not in it: see _snapshot.)
+        """
         recorded = {
             task_id: ([_json_float(r) for r in returns], frames)
             for task_id, (returns, frames) in self.fleet.recorded().items()
@@ -130,12 +137,26 @@ class Trainer:
             "phase_recorded": recorded,
         }
 
+    def _snapshot(self) -> tuple[dict[str, Any], tuple[int, Any] | None]:
+        """The checkpoint payload and, for the ES, (generation, arrays) for its .npy sidecar."""
+        payload = self.checkpoint_payload()
+        if not isinstance(self.ga, EvolutionStrategy):
+            return payload, None
+        # Taken now, on the loop: the next update replaces (never mutates) these arrays.
+        return payload, (self.ga.generation, self.ga.state.arrays())
+
+    def _write_checkpoint(self, payload: dict[str, Any], sidecar: tuple[int, Any] | None) -> None:
+        # The sidecar goes first: a checkpoint on disk never names arrays that are not.
+        if sidecar is not None:
+            payload = {**payload, "sidecar": save_sidecar(self.run_dir.path, *sidecar)}
+        save_checkpoint(self.run_dir.path, payload)
+
     async def checkpoint(self) -> None:
         """Writes a checkpoint now (after any file still being written)."""
-        payload = self.checkpoint_payload()
+        payload, sidecar = self._snapshot()
         await self._saved()
         self._saving = asyncio.ensure_future(
-            asyncio.to_thread(save_checkpoint, self.run_dir.path, payload)
+            asyncio.to_thread(self._write_checkpoint, payload, sidecar)
         )
         self._saving.add_done_callback(self._checkpoint_written)
         await self._saved()
@@ -193,10 +214,10 @@ class Trainer:
             )
         # The files are written and fsynced on a thread while the next generation runs, so a
         # slow disk stalls no worker's call; one write at a time keeps them in order.
-        payload = self.checkpoint_payload()
+        payload, sidecar = self._snapshot()
         await self._saved()
         self._saving = asyncio.ensure_future(
-            asyncio.to_thread(self._save, record, document, summary.elite_score, payload)
+            asyncio.to_thread(self._save, record, document, summary.elite_score, payload, sidecar)
         )
         self._saving.add_done_callback(self._checkpoint_written)
         # Observers hear of a generation once its checkpoint is on disk: what they write (e.g.
@@ -209,13 +230,14 @@ class Trainer:
         elite: dict[str, Any] | None,
         score: float,
         checkpoint: dict[str, Any],
+        sidecar: tuple[int, Any] | None = None,
     ) -> None:
         # Metrics before the checkpoint: a crash in between leaves a metrics line the
         # resumed run drops (it truncates metrics.jsonl to the checkpoint's generation).
         self.run_dir.append_metrics(record)
         if elite is not None:
             self.run_dir.save_elite(elite, score)
-        save_checkpoint(self.run_dir.path, checkpoint)
+        self._write_checkpoint(checkpoint, sidecar)
 
     def _checkpoint_written(self, saving: asyncio.Future[None]) -> None:
         if self.after_checkpoint is not None and not saving.cancelled() and not saving.exception():
@@ -241,7 +263,7 @@ class Trainer:
             self._saving = None
 
     def _record(
-        self, summary: GenerationSummary, frames: int, evaluations: int, reissued: int
+        self, summary: GenerationSummary | ESSummary, frames: int, evaluations: int, reissued: int
     ) -> GenerationRecord:
         if evaluations != summary.evaluations:
             raise AssertionError(
@@ -256,6 +278,7 @@ class Trainer:
             score_max=summary.score_max,
             elite_score=summary.elite_score,
             elite_seeds=list(summary.elite.seeds) if summary.elite else [],
+            extra=summary.metrics if isinstance(summary, ESSummary) else {},
             generation_evaluations=evaluations,
             generation_frames=frames,
             failed_evaluations=summary.failed,
@@ -281,7 +304,7 @@ class Trainer:
             leases_reissued=counters.reissued,
             run_complete=self.fleet.run_complete,
         )
-        if elite is not None:
+        if isinstance(elite, Genome):
             response.elite.seeds.extend(elite.seeds)
         return response
 

@@ -7,6 +7,7 @@ run lives here, so a worker can be killed at any moment and the master re-issues
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import grpc
+import numpy as np
 
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
@@ -34,7 +36,10 @@ _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
               grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}  # fmt: skip
 
 
-def _genome_key(task: pb.Task) -> tuple[int, ...]:
+def _genome_key(task: pb.Task) -> tuple:
+    if task.HasField("perturbation"):
+        es = task.perturbation
+        return ("es", es.version, es.noise_index, es.sign)
     return tuple(task.genome.seeds)
 
 
@@ -52,7 +57,41 @@ def spec_from_task(task: pb.Task) -> EvaluationSpec:
         episodes=task.episodes,
         max_episode_steps=task.max_episode_steps,
         env_seed=task.env_seed,
+        perturbation=(
+            (es.version, es.noise_index, es.sign, es.sigma)
+            if task.HasField("perturbation") and (es := task.perturbation)
+            else None
+        ),
     )
+
+
+class ParametersUnavailable(Exception):
+    """The master no longer serves this parameter version (its update is over)."""
+
+
+def fetch_parameters(
+    stub: pb_grpc.EvolutionStub, worker_id: str, version: int, sha256: str
+) -> np.ndarray:
+    """Streams one ES parameter version in chunks and checks it against its sha256."""
+    request = pb.ParametersRequest(
+        protocol_version=pb.PROTOCOL_VERSION_CURRENT, worker_id=worker_id, version=version
+    )
+    data, total = bytearray(), None
+    try:
+        for chunk in stub.FetchParameters(request, timeout=CALL_TIMEOUT_S * 6):
+            if chunk.offset != len(data) or chunk.version != version:
+                raise ValueError(f"parameter chunk at {chunk.offset} out of order")
+            data += chunk.data
+            total, digest = chunk.total_bytes, chunk.sha256
+    except grpc.RpcError as error:
+        if error.code() == grpc.StatusCode.NOT_FOUND:
+            raise ParametersUnavailable(error.details()) from None
+        raise
+    if total is None or len(data) != total or hashlib.sha256(data).hexdigest() != sha256:
+        raise ValueError(f"parameters of version {version} arrived incomplete or altered")
+    if digest != sha256:
+        raise ParametersUnavailable(f"version {version} changed on the master")
+    return np.frombuffer(bytes(data), dtype="<f4").astype(np.float32)
 
 
 class _CallDetails(NamedTuple):
@@ -64,7 +103,7 @@ class _CallDetails(NamedTuple):
     compression: grpc.Compression | None
 
 
-class _BearerToken(grpc.UnaryUnaryClientInterceptor):
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
     """Adds `authorization: Bearer <token>` to every call (the master's TokenInterceptor)."""
 
     def __init__(self, token: str) -> None:
@@ -83,6 +122,9 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor):
             client_call_details.compression,
         )
         return continuation(details, request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return self.intercept_unary_unary(continuation, client_call_details, request)
 
 
 def open_channel(
@@ -410,13 +452,37 @@ class WorkerClient:
             ),
             timeout=CALL_TIMEOUT_S,
         )
+        tasks = self._with_parameters(stub, reply.tasks)
         with self._wake:
-            self._shared.inbox.extend(reply.tasks)
+            self._shared.inbox.extend(tasks)
             self._shared.run_complete = reply.run_complete
             self._wake.notify_all()
         if reply.tasks:
             return 0.0
         return reply.retry_after_ms / 1000.0
+
+    def _with_parameters(self, stub: pb_grpc.EvolutionStub, tasks) -> list[pb.Task]:
+        """ES tasks whose parameter version is here (fetched once per version); others as is."""
+        kept = []
+        for task in tasks:
+            if task.HasField("perturbation"):
+                es = task.perturbation
+                if not self.evaluator.has_parameters(es.version):
+                    try:
+                        theta = fetch_parameters(
+                            stub, self.worker_id, es.version, es.parameters_sha256
+                        )
+                    except ParametersUnavailable:
+                        continue  # a finished update: the master no longer wants this task
+                    except ValueError as error:
+                        # A damaged transfer must not end the worker: the lease lapses and the
+                        # master re-issues the task, to this worker or another.
+                        log.warning("worker %s: %s; task %s skipped", self.worker_id, error,
+                                    task.task_id)  # fmt: skip
+                        continue
+                    self.evaluator.set_parameters(es.version, theta)
+            kept.append(task)
+        return kept
 
     def _heartbeat(self, stub: pb_grpc.EvolutionStub) -> float:
         """Extends held leases; returns seconds until the next heartbeat."""

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from worker.decode import GenomeDecoder
 from worker.envs import PAPER, EnvHandle, make_env
-from worker.noise import NoiseTableSpec, load_noise_table
+from worker.noise import NoiseTableSpec, load_noise_table, noise_offset
 from worker.policies import Policy, build_policy
 from worker.rollout import run_episode
 from worker.shared_store import SharedVectorStore
@@ -27,6 +31,33 @@ class EvaluationSpec:
     episodes: int = 1
     max_episode_steps: int = 0
     env_seed: int | None = None
+    perturbation: tuple[int, int, int, float] | None = None
+    """ES: (version, noise index, sign, sigma) applied to the fetched parameters of version."""
+    parameters_file: str | None = None
+    """A saved parameter vector (.npy) to play instead of decoding `seeds`."""
+    parameters_sha256: str | None = None
+
+
+def perturbed_parameters(
+    theta: np.ndarray, table: np.ndarray, noise_index: int, sign: int, sigma: float
+) -> np.ndarray:
+    """theta + sign * (sigma * eps(noise_index)) in float32, as the ES master defines it."""
+    n = theta.size
+    offset = noise_offset(noise_index, n, table.size)
+    if sign == 0:
+        return theta.copy()
+    step = np.multiply(table[offset : offset + n], np.float32(sigma))
+    return np.add(theta, np.multiply(step, np.float32(sign)))
+
+
+def load_parameters_file(path: str, sha256: str | None = None) -> np.ndarray:
+    """A saved float32 parameter vector, checked against its recorded sha256."""
+    theta = np.load(path, allow_pickle=False)
+    if theta.dtype != np.float32 or theta.ndim != 1:
+        raise ValueError(f"{path}: expected a 1-D float32 array, got {theta.dtype} {theta.shape}")
+    if sha256 is not None and hashlib.sha256(theta.tobytes()).hexdigest() != sha256:
+        raise ValueError(f"{path}: sha256 does not match the genome file's")
+    return theta
 
 
 @dataclass(frozen=True)
@@ -55,13 +86,45 @@ class Evaluator:
         self._envs: dict[tuple[str, str], EnvHandle] = {}
         self._policies: dict[tuple, Policy] = {}
         self._decoders: dict[tuple, GenomeDecoder] = {}
+        # ES parameter versions fetched by the link thread, read by the episode thread.
+        self._es_parameters: dict[int, np.ndarray] = {}
+        self._es_lock = threading.Lock()
+
+    def has_parameters(self, version: int) -> bool:
+        """Whether the ES parameters of this version are here."""
+        with self._es_lock:
+            return version in self._es_parameters
+
+    def set_parameters(self, version: int, theta: np.ndarray) -> None:
+        """Keeps a fetched ES parameter version (and the one before, for stragglers)."""
+        theta.flags.writeable = False
+        with self._es_lock:
+            self._es_parameters[version] = theta
+            for old in sorted(self._es_parameters)[:-2]:
+                del self._es_parameters[old]
+
+    def parameters(self, spec: EvaluationSpec, policy: Policy) -> np.ndarray:
+        """The flat parameters a spec names: a saved file, an ES perturbation or a genome."""
+        if spec.parameters_file is not None:
+            return load_parameters_file(spec.parameters_file, spec.parameters_sha256)
+        if spec.perturbation is not None:
+            version, index, sign, sigma = spec.perturbation
+            with self._es_lock:
+                theta = self._es_parameters.get(version)
+            if theta is None:
+                raise ValueError(f"ES parameters of version {version} were not fetched")
+            if theta.size != policy.num_params:
+                raise ValueError(f"ES parameters have {theta.size} values, policy has "
+                                 f"{policy.num_params}")  # fmt: skip
+            table = load_noise_table(spec.noise_table, self._noise_cache_dir)
+            return perturbed_parameters(theta, table, index, sign, sigma)
+        return self.decoder(spec, policy).decode(spec.seeds)
 
     def evaluate(self, spec: EvaluationSpec) -> Evaluation:
         """Plays spec.episodes episodes; the first reset is seeded with spec.env_seed."""
         handle = self._env(spec.env_id, spec.atari_dynamics)
         policy = self._policy(spec, handle)
-        decoder = self.decoder(spec, policy)
-        policy.load_parameters(decoder.decode(spec.seeds))
+        policy.load_parameters(self.parameters(spec, policy))
         returns, frames = [], []
         for episode in range(spec.episodes):
             seed = spec.env_seed if episode == 0 else None

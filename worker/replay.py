@@ -47,6 +47,8 @@ def load_genome_file(path: str | os.PathLike) -> EvaluationSpec:
             f"{str(path)!r} is not a {GENOME_FORMAT} file (format {data.get('format')!r})"
         )
     table = data["noise_table"]
+    # ES parameters are a vector in an .npy beside the file, not a seed list.
+    parameters = data.get("parameters")
     return EvaluationSpec(
         env_id=data["env_id"],
         seeds=tuple(int(s) for s in data["seeds"]),
@@ -56,6 +58,8 @@ def load_genome_file(path: str | os.PathLike) -> EvaluationSpec:
         hidden_sizes=tuple(data.get("hidden_sizes") or ()),
         atari_dynamics=data.get("atari_dynamics") or PAPER,
         max_episode_steps=int(data.get("max_episode_steps") or 0),
+        parameters_file=str(Path(path).parent / parameters["file"]) if parameters else None,
+        parameters_sha256=parameters["sha256"] if parameters else None,
     )
 
 

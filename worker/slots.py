@@ -89,7 +89,8 @@ class SlotRunner:
             raise RuntimeError(f"no free slot for {task_id}: {self!r}")
         handle = self._env(spec)
         genome_key = (spec.architecture, spec.hidden_sizes, spec.env_id, spec.atari_dynamics,
-                      spec.noise_table, spec.mutation_power, spec.seeds)  # fmt: skip
+                      spec.noise_table, spec.mutation_power, spec.seeds, spec.perturbation,
+                      spec.parameters_file)  # fmt: skip
         try:
             self._acquire_policy(genome_key, spec, handle)
         except BaseException:
@@ -176,8 +177,7 @@ class SlotRunner:
             )
         )
         started = time.perf_counter()
-        decoder = self.evaluator.decoder(spec, policy)
-        policy.load_parameters(decoder.decode(spec.seeds))
+        policy.load_parameters(self.evaluator.parameters(spec, policy))
         self.timers.decode_s += time.perf_counter() - started
         self._loaded[key] = _LoadedPolicy(policy, 1)
 

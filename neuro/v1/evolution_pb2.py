@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18neuro/v1/evolution.proto\x12\x08neuro.v1\",\n\x0eNoiseTableSpec\x12\x0c\n\x04seed\x18\x01 \x01(\r\x12\x0c\n\x04size\x18\x02 \x01(\x04\"^\n\x06Genome\x12\r\n\x05seeds\x18\x01 \x03(\r\x12\x16\n\x0emutation_power\x18\x02 \x01(\x02\x12-\n\x0bnoise_table\x18\x03 \x01(\x0b\x32\x18.neuro.v1.NoiseTableSpec\"J\n\x07\x45nvSpec\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12/\n\x0e\x61tari_dynamics\x18\x02 \x01(\x0e\x32\x17.neuro.v1.AtariDynamics\"8\n\nPolicySpec\x12\x14\n\x0c\x61rchitecture\x18\x01 \x01(\t\x12\x14\n\x0chidden_sizes\x18\x02 \x03(\r\"\xe5\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12 \n\x06genome\x18\x03 \x01(\x0b\x32\x10.neuro.v1.Genome\x12\x1e\n\x03\x65nv\x18\x04 \x01(\x0b\x32\x11.neuro.v1.EnvSpec\x12$\n\x06policy\x18\x05 \x01(\x0b\x32\x14.neuro.v1.PolicySpec\x12\x10\n\x08\x65pisodes\x18\x06 \x01(\r\x12\x19\n\x11max_episode_steps\x18\x07 \x01(\r\x12\x10\n\x08\x65nv_seed\x18\x08 \x01(\x04\x12\x15\n\rlease_seconds\x18\t \x01(\x01\"\x86\x01\n\x0cLeaseRequest\x12\x33\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x19.neuro.v1.ProtocolVersion\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x11\n\tmax_tasks\x18\x03 \x01(\r\x12\x1b\n\x13unsupported_env_ids\x18\x04 \x03(\t\"l\n\rLeaseResponse\x12\x1d\n\x05tasks\x18\x01 \x03(\x0b\x32\x0e.neuro.v1.Task\x12\x16\n\x0eretry_after_ms\x18\x02 \x01(\r\x12\x14\n\x0crun_complete\x18\x03 \x01(\x08\x12\x0e\n\x06run_id\x18\x04 \x01(\t\"}\n\nTaskResult\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x17\n\x0f\x65pisode_returns\x18\x03 \x03(\x01\x12\x16\n\x0e\x65pisode_frames\x18\x04 \x03(\x04\x12\x0e\n\x06\x66rames\x18\x05 \x01(\x04\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"~\n\rReportRequest\x12\x33\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x19.neuro.v1.ProtocolVersion\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12%\n\x07results\x18\x03 \x03(\x0b\x32\x14.neuro.v1.TaskResult\"L\n\x07TaskAck\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x30\n\x0b\x64isposition\x18\x02 \x01(\x0e\x32\x1b.neuro.v1.ResultDisposition\"1\n\x0eReportResponse\x12\x1f\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x11.neuro.v1.TaskAck\"l\n\x10HeartbeatRequest\x12\x33\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x19.neuro.v1.ProtocolVersion\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08task_ids\x18\x03 \x03(\t\"-\n\x11HeartbeatResponse\x12\x18\n\x10\x64ropped_task_ids\x18\x01 \x03(\t\"j\n\x0eReleaseRequest\x12\x33\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x19.neuro.v1.ProtocolVersion\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08task_ids\x18\x03 \x03(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\r\"\x0f\n\rStatusRequest\"\xde\x02\n\x0eStatusResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x0e\n\x06\x66rames\x18\x05 \x01(\x04\x12\x13\n\x0b\x65valuations\x18\x06 \x01(\x04\x12\x13\n\x0b\x65lite_score\x18\x07 \x01(\x01\x12\x1f\n\x05\x65lite\x18\x08 \x01(\x0b\x32\x10.neuro.v1.Genome\x12\x15\n\rtasks_pending\x18\t \x01(\r\x12\x14\n\x0ctasks_leased\x18\n \x01(\r\x12\x12\n\ntasks_done\x18\x0b \x01(\r\x12\x0f\n\x07workers\x18\x0c \x01(\r\x12\x17\n\x0fleases_reissued\x18\r \x01(\x04\x12\x14\n\x0crun_complete\x18\x0e \x01(\x08\x12-\n\rworker_status\x18\x0f \x03(\x0b\x32\x16.neuro.v1.WorkerStatus\"\x96\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0ctasks_leased\x18\x02 \x01(\r\x12\x13\n\x0b\x65valuations\x18\x03 \x01(\x04\x12\x0e\n\x06\x66rames\x18\x04 \x01(\x04\x12\x19\n\x11\x66rames_per_second\x18\x05 \x01(\x01\x12\x1d\n\x15seconds_since_contact\x18\x06 \x01(\x01*Q\n\x0fProtocolVersion\x12 \n\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x1c\n\x18PROTOCOL_VERSION_CURRENT\x10\x01*h\n\rAtariDynamics\x12\x1e\n\x1a\x41TARI_DYNAMICS_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41TARI_DYNAMICS_PAPER\x10\x01\x12\x1d\n\x19\x41TARI_DYNAMICS_REGISTERED\x10\x02*\x98\x01\n\x11ResultDisposition\x12\"\n\x1eRESULT_DISPOSITION_UNSPECIFIED\x10\x00\x12\x1f\n\x1bRESULT_DISPOSITION_ACCEPTED\x10\x01\x12 \n\x1cRESULT_DISPOSITION_DUPLICATE\x10\x02\x12\x1c\n\x18RESULT_DISPOSITION_STALE\x10\x03\x32\xc5\x02\n\tEvolution\x12\x38\n\x05Lease\x12\x16.neuro.v1.LeaseRequest\x1a\x17.neuro.v1.LeaseResponse\x12;\n\x06Report\x12\x17.neuro.v1.ReportRequest\x1a\x18.neuro.v1.ReportResponse\x12\x44\n\tHeartbeat\x12\x1a.neuro.v1.HeartbeatRequest\x1a\x1b.neuro.v1.HeartbeatResponse\x12>\n\x07Release\x12\x18.neuro.v1.ReleaseRequest\x1a\x19.neuro.v1.ReleaseResponse\x12;\n\x06Status\x12\x17.neuro.v1.StatusRequest\x1a\x18.neuro.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18neuro/v1/evolution.proto\x12\x08neuro.v1\",\n\x0eNoiseTableSpec\x12\x0c\n\x04seed\x18\x01 \x01(\r\x12\x0c\n\x04size\x18\x02 \x01(\x04\"^\n\x06Genome\x12\r\n\x05seeds\x18\x01 \x03(\r\x12\x16\n\x0emutation_power\x18\x02 \x01(\x02\x12-\n\x0bnoise_table\x18\x03 \x01(\x0b\x32\x18.neuro.v1.NoiseTableSpec\"J\n\x07\x45nvSpec\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12/\n\x0e\x61tari_dynamics\x18\x02 \x01(\x0e\x32\x17.neuro.v1.AtariDynamics\"8\n\nPolicySpec\x12\x14\n\x0c\x61rchitecture\x18\x01 \x01(\t\x12\x14\n\x0chidden_sizes\x18\x02 \x03(\r\"\x95\x02\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12 \n\x06genome\x18\x03 \x01(\x0b\x32\x10.neuro.v1.Genome\x12\x1e\n\x03\x65nv\x18\x04 \x01(\x0b\x32\x11.neuro.v1.EnvSpec\x12$\n\x06policy\x18\x05 \x01(\x0b\x32\x14.neuro.v1.PolicySpec\x12\x10\n\x08\x65pisodes\x18\x06 \x01(\r\x12\x19\n\x11max_episode_steps\x18\x07 \x01(\r\x12\x10\n\x08\x65nv_seed\x18\x08 \x01(\x04\x12\x15\n\rlease_seconds\x18\t \x01(\x01\x12.\n\x0cperturbation\x18\n \x01(\x0b\x32\x18.neuro.v1.EsPerturbation\"\x82\x01\n\x0e\x45sPerturbation\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x13\n\x0bnoise_index\x18\x02 \x01(\r\x12\x0c\n\x04sign\x18\x03 \x01(\x11\x12\r\n\x05sigma\x18\x04 \x01(\x02\x12\x12\n\nnum_params\x18\x05 \x01(\x04\x12\x19\n\x11parameters_sha256\x18\x06 \x01(\t\"l\n\x11ParametersRequest\x12\x33\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x19.neuro.v1.ProtocolVersion\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\"e\n\x0fParametersChunk\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06sha256\x18\x05 \x01(\t\"\x86\x01\n\x0cLeaseRequest\x12\x33\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x19.neuro.v1.ProtocolVersion\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x11\n\tmax_tasks\x18\x03 \x01(\r\x12\x1b\n\x13unsupported_env_ids\x18\x04 \x03(\t\"l\n\rLeaseResponse\x12\x1d\n\x05tasks\x18\x01 \x03(\x0b\x32\x0e.neuro.v1.Task\x12\x16\n\x0eretry_after_ms\x18\x02 \x01(\r\x12\x14\n\x0crun_complete\x18\x03 \x01(\x08\x12\x0e\n\x06run_id\x18\x04 \x01(\t\"}\n\nTaskResult\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x17\n\x0f\x65pisode_returns\x18\x03 \x03(\x01\x12\x16\n\x0e\x65pisode_frames\x18\x04 \x03(\x04\x12\x0e\n\x06\x66rames\x18\x05 \x01(\x04\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"~\n\rReportRequest\x12\x33\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x19.neuro.v1.ProtocolVersion\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12%\n\x07results\x18\x03 \x03(\x0b\x32\x14.neuro.v1.TaskResult\"L\n\x07TaskAck\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x30\n\x0b\x64isposition\x18\x02 \x01(\x0e\x32\x1b.neuro.v1.ResultDisposition\"1\n\x0eReportResponse\x12\x1f\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x11.neuro.v1.TaskAck\"l\n\x10HeartbeatRequest\x12\x33\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x19.neuro.v1.ProtocolVersion\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08task_ids\x18\x03 \x03(\t\"-\n\x11HeartbeatResponse\x12\x18\n\x10\x64ropped_task_ids\x18\x01 \x03(\t\"j\n\x0eReleaseRequest\x12\x33\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x19.neuro.v1.ProtocolVersion\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08task_ids\x18\x03 \x03(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\r\"\x0f\n\rStatusRequest\"\xde\x02\n\x0eStatusResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x0e\n\x06\x66rames\x18\x05 \x01(\x04\x12\x13\n\x0b\x65valuations\x18\x06 \x01(\x04\x12\x13\n\x0b\x65lite_score\x18\x07 \x01(\x01\x12\x1f\n\x05\x65lite\x18\x08 \x01(\x0b\x32\x10.neuro.v1.Genome\x12\x15\n\rtasks_pending\x18\t \x01(\r\x12\x14\n\x0ctasks_leased\x18\n \x01(\r\x12\x12\n\ntasks_done\x18\x0b \x01(\r\x12\x0f\n\x07workers\x18\x0c \x01(\r\x12\x17\n\x0fleases_reissued\x18\r \x01(\x04\x12\x14\n\x0crun_complete\x18\x0e \x01(\x08\x12-\n\rworker_status\x18\x0f \x03(\x0b\x32\x16.neuro.v1.WorkerStatus\"\x96\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0ctasks_leased\x18\x02 \x01(\r\x12\x13\n\x0b\x65valuations\x18\x03 \x01(\x04\x12\x0e\n\x06\x66rames\x18\x04 \x01(\x04\x12\x19\n\x11\x66rames_per_second\x18\x05 \x01(\x01\x12\x1d\n\x15seconds_since_contact\x18\x06 \x01(\x01*Q\n\x0fProtocolVersion\x12 \n\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x1c\n\x18PROTOCOL_VERSION_CURRENT\x10\x01*h\n\rAtariDynamics\x12\x1e\n\x1a\x41TARI_DYNAMICS_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41TARI_DYNAMICS_PAPER\x10\x01\x12\x1d\n\x19\x41TARI_DYNAMICS_REGISTERED\x10\x02*\x98\x01\n\x11ResultDisposition\x12\"\n\x1eRESULT_DISPOSITION_UNSPECIFIED\x10\x00\x12\x1f\n\x1bRESULT_DISPOSITION_ACCEPTED\x10\x01\x12 \n\x1cRESULT_DISPOSITION_DUPLICATE\x10\x02\x12\x1c\n\x18RESULT_DISPOSITION_STALE\x10\x03\x32\x92\x03\n\tEvolution\x12\x38\n\x05Lease\x12\x16.neuro.v1.LeaseRequest\x1a\x17.neuro.v1.LeaseResponse\x12;\n\x06Report\x12\x17.neuro.v1.ReportRequest\x1a\x18.neuro.v1.ReportResponse\x12\x44\n\tHeartbeat\x12\x1a.neuro.v1.HeartbeatRequest\x1a\x1b.neuro.v1.HeartbeatResponse\x12>\n\x07Release\x12\x18.neuro.v1.ReleaseRequest\x1a\x19.neuro.v1.ReleaseResponse\x12;\n\x06Status\x12\x17.neuro.v1.StatusRequest\x1a\x18.neuro.v1.StatusResponse\x12K\n\x0f\x46\x65tchParameters\x12\x1b.neuro.v1.ParametersRequest\x1a\x19.neuro.v1.ParametersChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'neuro.v1.evolution_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROTOCOLVERSION']._serialized_start=2002
-  _globals['_PROTOCOLVERSION']._serialized_end=2083
-  _globals['_ATARIDYNAMICS']._serialized_start=2085
-  _globals['_ATARIDYNAMICS']._serialized_end=2189
-  _globals['_RESULTDISPOSITION']._serialized_start=2192
-  _globals['_RESULTDISPOSITION']._serialized_end=2344
+  _globals['_PROTOCOLVERSION']._serialized_start=2396
+  _globals['_PROTOCOLVERSION']._serialized_end=2477
+  _globals['_ATARIDYNAMICS']._serialized_start=2479
+  _globals['_ATARIDYNAMICS']._serialized_end=2583
+  _globals['_RESULTDISPOSITION']._serialized_start=2586
+  _globals['_RESULTDISPOSITION']._serialized_end=2738
   _globals['_NOISETABLESPEC']._serialized_start=38
   _globals['_NOISETABLESPEC']._serialized_end=82
   _globals['_GENOME']._serialized_start=84
@@ -46,33 +46,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POLICYSPEC']._serialized_start=256
   _globals['_POLICYSPEC']._serialized_end=312
   _globals['_TASK']._serialized_start=315
-  _globals['_TASK']._serialized_end=544
-  _globals['_LEASEREQUEST']._serialized_start=547
-  _globals['_LEASEREQUEST']._serialized_end=681
-  _globals['_LEASERESPONSE']._serialized_start=683
-  _globals['_LEASERESPONSE']._serialized_end=791
-  _globals['_TASKRESULT']._serialized_start=793
-  _globals['_TASKRESULT']._serialized_end=918
-  _globals['_REPORTREQUEST']._serialized_start=920
-  _globals['_REPORTREQUEST']._serialized_end=1046
-  _globals['_TASKACK']._serialized_start=1048
-  _globals['_TASKACK']._serialized_end=1124
-  _globals['_REPORTRESPONSE']._serialized_start=1126
-  _globals['_REPORTRESPONSE']._serialized_end=1175
-  _globals['_HEARTBEATREQUEST']._serialized_start=1177
-  _globals['_HEARTBEATREQUEST']._serialized_end=1285
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1287
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1332
-  _globals['_RELEASEREQUEST']._serialized_start=1334
-  _globals['_RELEASEREQUEST']._serialized_end=1440
-  _globals['_RELEASERESPONSE']._serialized_start=1442
-  _globals['_RELEASERESPONSE']._serialized_end=1477
-  _globals['_STATUSREQUEST']._serialized_start=1479
-  _globals['_STATUSREQUEST']._serialized_end=1494
-  _globals['_STATUSRESPONSE']._serialized_start=1497
-  _globals['_STATUSRESPONSE']._serialized_end=1847
-  _globals['_WORKERSTATUS']._serialized_start=1850
-  _globals['_WORKERSTATUS']._serialized_end=2000
-  _globals['_EVOLUTION']._serialized_start=2347
-  _globals['_EVOLUTION']._serialized_end=2672
+  _globals['_TASK']._serialized_end=592
+  _globals['_ESPERTURBATION']._serialized_start=595
+  _globals['_ESPERTURBATION']._serialized_end=725
+  _globals['_PARAMETERSREQUEST']._serialized_start=727
+  _globals['_PARAMETERSREQUEST']._serialized_end=835
+  _globals['_PARAMETERSCHUNK']._serialized_start=837
+  _globals['_PARAMETERSCHUNK']._serialized_end=938
+  _globals['_LEASEREQUEST']._serialized_start=941
+  _globals['_LEASEREQUEST']._serialized_end=1075
+  _globals['_LEASERESPONSE']._serialized_start=1077
+  _globals['_LEASERESPONSE']._serialized_end=1185
+  _globals['_TASKRESULT']._serialized_start=1187
+  _globals['_TASKRESULT']._serialized_end=1312
+  _globals['_REPORTREQUEST']._serialized_start=1314
+  _globals['_REPORTREQUEST']._serialized_end=1440
+  _globals['_TASKACK']._serialized_start=1442
+  _globals['_TASKACK']._serialized_end=1518
+  _globals['_REPORTRESPONSE']._serialized_start=1520
+  _globals['_REPORTRESPONSE']._serialized_end=1569
+  _globals['_HEARTBEATREQUEST']._serialized_start=1571
+  _globals['_HEARTBEATREQUEST']._serialized_end=1679
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1681
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1726
+  _globals['_RELEASEREQUEST']._serialized_start=1728
+  _globals['_RELEASEREQUEST']._serialized_end=1834
+  _globals['_RELEASERESPONSE']._serialized_start=1836
+  _globals['_RELEASERESPONSE']._serialized_end=1871
+  _globals['_STATUSREQUEST']._serialized_start=1873
+  _globals['_STATUSREQUEST']._serialized_end=1888
+  _globals['_STATUSRESPONSE']._serialized_start=1891
+  _globals['_STATUSRESPONSE']._serialized_end=2241
+  _globals['_WORKERSTATUS']._serialized_start=2244
+  _globals['_WORKERSTATUS']._serialized_end=2394
+  _globals['_EVOLUTION']._serialized_start=2741
+  _globals['_EVOLUTION']._serialized_end=3143
 # @@protoc_insertion_point(module_scope)

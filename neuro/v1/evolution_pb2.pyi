@@ -69,7 +69,7 @@ class PolicySpec(_message.Message):
     def __init__(self, architecture: _Optional[str] = ..., hidden_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "run_id", "genome", "env", "policy", "episodes", "max_episode_steps", "env_seed", "lease_seconds")
+    __slots__ = ("task_id", "run_id", "genome", "env", "policy", "episodes", "max_episode_steps", "env_seed", "lease_seconds", "perturbation")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     GENOME_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class Task(_message.Message):
     MAX_EPISODE_STEPS_FIELD_NUMBER: _ClassVar[int]
     ENV_SEED_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PERTURBATION_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     run_id: str
     genome: Genome
@@ -88,7 +89,48 @@ class Task(_message.Message):
     max_episode_steps: int
     env_seed: int
     lease_seconds: float
-    def __init__(self, task_id: _Optional[str] = ..., run_id: _Optional[str] = ..., genome: _Optional[_Union[Genome, _Mapping]] = ..., env: _Optional[_Union[EnvSpec, _Mapping]] = ..., policy: _Optional[_Union[PolicySpec, _Mapping]] = ..., episodes: _Optional[int] = ..., max_episode_steps: _Optional[int] = ..., env_seed: _Optional[int] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    perturbation: EsPerturbation
+    def __init__(self, task_id: _Optional[str] = ..., run_id: _Optional[str] = ..., genome: _Optional[_Union[Genome, _Mapping]] = ..., env: _Optional[_Union[EnvSpec, _Mapping]] = ..., policy: _Optional[_Union[PolicySpec, _Mapping]] = ..., episodes: _Optional[int] = ..., max_episode_steps: _Optional[int] = ..., env_seed: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., perturbation: _Optional[_Union[EsPerturbation, _Mapping]] = ...) -> None: ...
+
+class EsPerturbation(_message.Message):
+    __slots__ = ("version", "noise_index", "sign", "sigma", "num_params", "parameters_sha256")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NOISE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SIGN_FIELD_NUMBER: _ClassVar[int]
+    SIGMA_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    noise_index: int
+    sign: int
+    sigma: float
+    num_params: int
+    parameters_sha256: str
+    def __init__(self, version: _Optional[int] = ..., noise_index: _Optional[int] = ..., sign: _Optional[int] = ..., sigma: _Optional[float] = ..., num_params: _Optional[int] = ..., parameters_sha256: _Optional[str] = ...) -> None: ...
+
+class ParametersRequest(_message.Message):
+    __slots__ = ("protocol_version", "worker_id", "version")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    worker_id: str
+    version: int
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., worker_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class ParametersChunk(_message.Message):
+    __slots__ = ("version", "offset", "data", "total_bytes", "sha256")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    offset: int
+    data: bytes
+    total_bytes: int
+    sha256: str
+    def __init__(self, version: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("protocol_version", "worker_id", "max_tasks", "unsupported_env_ids")

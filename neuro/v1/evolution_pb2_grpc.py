@@ -59,6 +59,11 @@ class EvolutionStub:
                 request_serializer=neuro_dot_v1_dot_evolution__pb2.StatusRequest.SerializeToString,
                 response_deserializer=neuro_dot_v1_dot_evolution__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.FetchParameters = channel.unary_stream(
+                '/neuro.v1.Evolution/FetchParameters',
+                request_serializer=neuro_dot_v1_dot_evolution__pb2.ParametersRequest.SerializeToString,
+                response_deserializer=neuro_dot_v1_dot_evolution__pb2.ParametersChunk.FromString,
+                _registered_method=True)
 
 
 class EvolutionServicer:
@@ -99,6 +104,14 @@ class EvolutionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchParameters(self, request, context):
+        """Evolution Strategies: the parameters of one version, streamed in chunks (they can exceed
+        a message's 4 MiB limit). A version the master no longer serves is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EvolutionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +139,11 @@ def add_EvolutionServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=neuro_dot_v1_dot_evolution__pb2.StatusRequest.FromString,
                     response_serializer=neuro_dot_v1_dot_evolution__pb2.StatusResponse.SerializeToString,
+            ),
+            'FetchParameters': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchParameters,
+                    request_deserializer=neuro_dot_v1_dot_evolution__pb2.ParametersRequest.FromString,
+                    response_serializer=neuro_dot_v1_dot_evolution__pb2.ParametersChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +281,33 @@ class Evolution:
             '/neuro.v1.Evolution/Status',
             neuro_dot_v1_dot_evolution__pb2.StatusRequest.SerializeToString,
             neuro_dot_v1_dot_evolution__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchParameters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/neuro.v1.Evolution/FetchParameters',
+            neuro_dot_v1_dot_evolution__pb2.ParametersRequest.SerializeToString,
+            neuro_dot_v1_dot_evolution__pb2.ParametersChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,352 @@
+"""Evolution Strategies as a pure ask/tell object: numpy only, no I/O, serialisable state.
+
+Each update evaluates 2 * pairs antithetic perturbations theta +- sigma * eps(i), where eps(i)
+is the noise table slice a GA genome seed i selects (so master and workers agree bit for bit),
+plus theta itself. Returns are shaped by centered ranks; Adam takes the step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from master.ga import OFFSPRING, EvaluationRequest
+from worker.noise import noise_offset
+
+NOISE_INDEX_BOUND = 2**32
+THETA = "theta"
+
+
+@dataclass(frozen=True)
+class ESConfig:
+    """Hyperparameters of the ES update."""
+
+    pairs: int = 25
+    """Antithetic pairs per update (2 * pairs perturbed evaluations)."""
+    sigma: float = 0.1
+    """Standard deviation of the parameter noise."""
+    learning_rate: float = 0.03
+    """Adam step size."""
+    weight_decay: float = 0.005
+    """L2 coefficient pulling theta towards 0 (OpenAI ES's l2coeff)."""
+    eval_episodes: int = 30
+    """Episodes the unperturbed theta plays each update (its score and rank)."""
+    beta1: float = 0.9
+    beta2: float = 0.999
+    seed: int = 0
+    """Seeds the noise indices and theta's initialisation."""
+
+    def __post_init__(self) -> None:
+        if self.pairs < 1:
+            raise ValueError(f"pairs must be >= 1, got {self.pairs}")
+        for name in ("sigma", "learning_rate"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number, got {value}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.eval_episodes < 1:
+            raise ValueError(f"eval_episodes must be >= 1, got {self.eval_episodes}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+
+    @property
+    def evaluations_per_generation(self) -> int:
+        """Episodes one update plays."""
+        return 2 * self.pairs + self.eval_episodes
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """One ES task: parameters of `version` plus sign * sigma * eps(noise_index); sign 0: theta."""
+
+    version: int
+    noise_index: int
+    sign: int
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """A parameter vector with the version it belongs to (the ES's "elite")."""
+
+    version: int
+    theta: np.ndarray
+    seeds: tuple[int, ...] = ()
+
+
+@dataclass
+class ESState:
+    """Everything the ES needs to continue; to_dict() plus arrays() round-trip it."""
+
+    generation: int
+    theta: np.ndarray
+    m: np.ndarray
+    v: np.ndarray
+    adam_steps: int = 0
+    rng_state: dict[str, Any] = field(default_factory=dict)
+    noise_indices: list[int] = field(default_factory=list)
+    elite_score: float = math.nan
+    theta_rank: int | None = None
+    phase: str = OFFSPRING
+    _digest: tuple[int, str] | None = field(default=None, repr=False)
+
+    def arrays(self) -> np.ndarray:
+        """theta, Adam's m and v stacked (3, n) float32: the checkpoint's .npy sidecar."""
+        return np.stack([self.theta, self.m, self.v])
+
+    def arrays_sha256(self) -> str:
+        """sha256 of arrays()' bytes; computed once per generation."""
+        if self._digest is None or self._digest[0] != self.generation:
+            digest = hashlib.sha256(self.arrays().tobytes()).hexdigest()
+            self._digest = (self.generation, digest)
+        return self._digest[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible part of the state; the arrays go to a sidecar named by their hash."""
+        return {
+            "generation": self.generation,
+            "phase": self.phase,
+            "adam_steps": self.adam_steps,
+            "rng_state": self.rng_state,
+            "noise_indices": list(self.noise_indices),
+            "elite_score": self.elite_score if math.isfinite(self.elite_score) else None,
+            "theta_rank": self.theta_rank,
+            "num_params": int(self.theta.size),
+            "arrays_sha256": self.arrays_sha256(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], arrays: np.ndarray) -> ESState:
+        """Inverse of to_dict, with the sidecar's arrays."""
+        if arrays.shape != (3, int(data["num_params"])) or arrays.dtype != np.float32:
+            raise ValueError(f"ES arrays have {arrays.dtype} {arrays.shape}, expected (3, n) f32")
+        score = data["elite_score"]
+        return cls(
+            generation=int(data["generation"]),
+            theta=arrays[0].copy(),
+            m=arrays[1].copy(),
+            v=arrays[2].copy(),
+            adam_steps=int(data["adam_steps"]),
+            rng_state=dict(data["rng_state"]),
+            noise_indices=[int(i) for i in data["noise_indices"]],
+            elite_score=math.nan if score is None else float(score),
+            theta_rank=data.get("theta_rank"),
+        )
+
+
+@dataclass(frozen=True)
+class ESSummary:
+    """What one update produced; shaped like the GA's GenerationSummary for the Trainer."""
+
+    generation: int
+    scores: tuple[float, ...]
+    """One-episode score of each perturbation (+ then - per pair), NaN where it failed."""
+    elite: Parameters
+    """The parameters that were evaluated unperturbed this update (before the step)."""
+    elite_score: float
+    theta_rank: int | None
+    """How many perturbations scored strictly above theta's first episode (0: theta is best)."""
+    evaluations: int
+    grad_norm: float
+
+    @property
+    def valid_scores(self) -> list[float]:
+        return [s for s in self.scores if math.isfinite(s)]
+
+    @property
+    def score_mean(self) -> float:
+        valid = self.valid_scores
+        return float(np.mean(valid)) if valid else math.nan
+
+    @property
+    def score_max(self) -> float:
+        valid = self.valid_scores
+        return max(valid) if valid else math.nan
+
+    @property
+    def failed(self) -> int:
+        return len(self.scores) - len(self.valid_scores)
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """ES figures metrics.jsonl records beside the common ones."""
+        return {
+            "theta_rank": self.theta_rank,
+            "population": len(self.scores),
+            "grad_norm": self.grad_norm,
+        }
+
+
+def centered_ranks(values: Sequence[float]) -> np.ndarray:
+    """Ranks scaled to [-0.5, 0.5], summing to 0; tied values share their average rank."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size < 2:
+        return np.zeros(x.size)
+    _, inverse = np.unique(x, return_inverse=True)
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(x.size)
+    ranks[order] = np.arange(x.size)
+    # Averaging within ties keeps equal returns equally weighted and the sum exactly zero.
+    average = np.bincount(inverse, ranks) / np.bincount(inverse)
+    return average[inverse] / (x.size - 1) - 0.5
+
+
+def perturbation_noise(table: np.ndarray, noise_index: int, num_params: int) -> np.ndarray:
+    """eps(noise_index): the table slice a genome seed of that value selects (read-only view)."""
+    offset = noise_offset(noise_index, num_params, table.size)
+    return table[offset : offset + num_params]
+
+
+def gradient_estimate(
+    table: np.ndarray,
+    noise_indices: Sequence[int],
+    weights: Sequence[float],
+    num_params: int,
+    sigma: float,
+) -> np.ndarray:
+    """sum_i w_i * eps(i) / (len * sigma): with w = F(+) - F(-), the antithetic estimate."""
+    grad = np.zeros(num_params, dtype=np.float64)
+    for index, weight in zip(noise_indices, weights, strict=True):
+        if weight:
+            grad += weight * perturbation_noise(table, index, num_params)
+    return grad / (max(len(noise_indices), 1) * 2 * sigma)
+
+
+class EvolutionStrategy:
+    """Antithetic ES with centered-rank shaping and Adam, asked and told like the GA."""
+
+    def __init__(
+        self,
+        config: ESConfig,
+        table: np.ndarray,
+        theta: np.ndarray | None = None,
+        state: ESState | None = None,
+    ) -> None:
+        """`table`: the shared noise table; `theta`: initial parameters (unless `state`)."""
+        self.config = config
+        self.table = table
+        self._rng = np.random.Generator(np.random.PCG64(config.seed))
+        if state is None:
+            if theta is None:
+                raise ValueError("a new ES needs initial parameters (theta)")
+            theta = np.ascontiguousarray(theta, dtype=np.float32)
+            zeros = np.zeros_like(theta)
+            state = ESState(0, theta, zeros, zeros.copy())
+            state.noise_indices = self._draw_indices()
+            state.rng_state = self._rng.bit_generator.state
+        else:
+            self._rng.bit_generator.state = state.rng_state
+        noise_offset(0, state.theta.size, table.size)  # raises if the table is too small
+        self.state = state
+
+    @property
+    def generation(self) -> int:
+        return self.state.generation
+
+    @property
+    def phase(self) -> str:
+        return self.state.phase
+
+    @property
+    def elite(self) -> Parameters | None:
+        return None
+
+    @property
+    def elite_score(self) -> float:
+        return self.state.elite_score
+
+    @property
+    def num_params(self) -> int:
+        return int(self.state.theta.size)
+
+    def parameters(self) -> Parameters:
+        """The current parameters, the ones this generation's tasks perturb."""
+        return Parameters(self.state.generation, self.state.theta)
+
+    def noise(self, noise_index: int) -> np.ndarray:
+        """eps(noise_index) for this run's parameter count."""
+        return perturbation_noise(self.table, noise_index, self.num_params)
+
+    def ask(self) -> list[EvaluationRequest]:
+        """Every perturbation of this update, + and - per pair, then theta itself."""
+        g = self.state.generation
+        requests = []
+        for i, index in enumerate(self.state.noise_indices):
+            for sign, name in ((1, "+"), (-1, "-")):
+                perturbation = Perturbation(g, index, sign)
+                requests.append(EvaluationRequest(f"v{g}/p/{i}{name}", perturbation, 1))
+        requests.append(
+            EvaluationRequest(f"v{g}/{THETA}", Perturbation(g, 0, 0), self.config.eval_episodes)
+        )
+        return requests
+
+    def tell(self, returns: Mapping[str, Sequence[float]]) -> ESSummary:
+        """Takes the returns of every asked key (NaN: failed), steps theta, starts the next."""
+        requests = self.ask()
+        if set(returns) != {r.key for r in requests}:
+            raise ValueError("tell() needs exactly the asked keys")
+        for r in requests:
+            if len(returns[r.key]) != r.episodes:
+                raise ValueError(f"{r.key} needs {r.episodes} returns, got {len(returns[r.key])}")
+        state = self.state
+        scores = [float(returns[r.key][0]) for r in requests[:-1]]
+        theta_returns = [float(x) for x in returns[requests[-1].key]]
+        pairs = [(scores[2 * i], scores[2 * i + 1]) for i in range(len(state.noise_indices))]
+        valid = [i for i, (p, n) in enumerate(pairs) if math.isfinite(p) and math.isfinite(n)]
+        grad = np.zeros(self.num_params)
+        if valid:
+            # Pairs with a failed half are dropped whole: antithetic symmetry needs both.
+            shaped = centered_ranks([x for i in valid for x in pairs[i]]).reshape(-1, 2)
+            grad = gradient_estimate(
+                self.table,
+                [state.noise_indices[i] for i in valid],
+                shaped[:, 0] - shaped[:, 1],
+                self.num_params,
+                self.config.sigma,
+            )
+        theta_score = (
+            float(np.mean(theta_returns)) if all(map(math.isfinite, theta_returns)) else math.nan
+        )
+        rank = None
+        if math.isfinite(theta_returns[0]):
+            rank = sum(1 for s in scores if math.isfinite(s) and s > theta_returns[0])
+        evaluated = Parameters(state.generation, state.theta)
+        if valid:
+            self._adam_step(grad)
+        summary = ESSummary(
+            generation=state.generation,
+            scores=tuple(scores),
+            elite=evaluated,
+            elite_score=theta_score,
+            theta_rank=rank,
+            evaluations=len(scores) + len(theta_returns),
+            grad_norm=float(np.linalg.norm(grad)),
+        )
+        state.elite_score = theta_score
+        state.theta_rank = rank
+        state.generation += 1
+        state.noise_indices = self._draw_indices()
+        state.rng_state = self._rng.bit_generator.state
+        return summary
+
+    def _adam_step(self, grad: np.ndarray) -> None:
+        """Ascends grad - weight_decay * theta; new arrays, so earlier snapshots stay valid."""
+        c, state = self.config, self.state
+        g = grad - c.weight_decay * state.theta.astype(np.float64)
+        state.adam_steps += 1
+        t = state.adam_steps
+        m = c.beta1 * state.m + (1 - c.beta1) * g
+        v = c.beta2 * state.v + (1 - c.beta2) * g * g
+        step = c.learning_rate * math.sqrt(1 - c.beta2**t) / (1 - c.beta1**t)
+        theta = state.theta + step * m / (np.sqrt(v) + 1e-8)
+        state.m, state.v = m.astype(np.float32), v.astype(np.float32)
+        state.theta = theta.astype(np.float32)
+
+    def _draw_indices(self) -> list[int]:
+        size = self.config.pairs
+        return self._rng.integers(NOISE_INDEX_BOUND, size=size, dtype=np.uint64).tolist()

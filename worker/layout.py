@@ -1,0 +1,58 @@
+"""A policy's flat parameter layout and init scale without torch, for the ES master."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+ATARI_SHAPE = (4, 84, 84)
+DEFAULT_MLP_HIDDEN = (64, 64)
+# (out_channels, kernel, stride) of the Atari convs and the dense width: as worker.policies.
+_ATARI_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+_ATARI_HIDDEN = 512
+_HIDDEN_STD = 1.0
+_OUTPUT_STD = 0.1
+
+Layout = list[tuple[str, tuple[int, ...]]]
+
+
+def parameter_layout(
+    architecture: str, observation_shape: Sequence[int], n_outputs: int,
+    hidden_sizes: Sequence[int] = (),
+) -> Layout:  # fmt: skip
+    """(name, shape) of every parameter, in the order Policy.parameter_layout lists them."""
+    if architecture == "mlp":
+        sizes = [math.prod(observation_shape), *(tuple(hidden_sizes) or DEFAULT_MLP_HIDDEN)]
+        layout: Layout = []
+        for i in range(len(sizes) - 1):
+            layout += [(f"hidden.{i}.weight", (sizes[i + 1], sizes[i])),
+                       (f"hidden.{i}.bias", (sizes[i + 1],))]  # fmt: skip
+        return [*layout, ("out.weight", (n_outputs, sizes[-1])), ("out.bias", (n_outputs,))]
+    if architecture not in ("deepga", "nature"):
+        raise ValueError(f"unknown architecture {architecture!r}")
+    channels, size = ATARI_SHAPE[0], ATARI_SHAPE[1]
+    layout = []
+    for i, (out_channels, kernel, stride) in enumerate(_ATARI_CONVS, start=1):
+        # deepga pads SAME (TensorFlow's), nature pads nothing.
+        size = -(-size // stride) if architecture == "deepga" else (size - kernel) // stride + 1
+        layout += [(f"conv{i}.weight", (out_channels, channels, kernel, kernel)),
+                   (f"conv{i}.bias", (out_channels,))]  # fmt: skip
+        channels = out_channels
+    return [*layout, ("fc.weight", (_ATARI_HIDDEN, channels * size * size)),
+            ("fc.bias", (_ATARI_HIDDEN,)), ("out.weight", (n_outputs, _ATARI_HIDDEN)),
+            ("out.bias", (n_outputs,))]  # fmt: skip
+
+
+def init_scale(layout: Layout) -> np.ndarray:
+    """Per-parameter init scale: std / sqrt(fan_in) for weights, 0 for biases."""
+    parts = []
+    for name, shape in layout:
+        n = math.prod(shape)
+        if name.endswith(".weight"):
+            std = _OUTPUT_STD if name.startswith("out.") else _HIDDEN_STD
+            parts.append(np.full(n, np.float32(std / math.sqrt(math.prod(shape[1:]))), np.float32))
+        else:
+            parts.append(np.zeros(n, np.float32))
+    return np.concatenate(parts)
