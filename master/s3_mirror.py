@@ -33,6 +33,8 @@ CHECKPOINT_FILES = (PREVIOUS, CURRENT)
 STATUS_FILE = "status.json"
 TENSORBOARD_DIR = "tensorboard"
 """Its event files are mirrored too, so a fetched or restored run keeps its curves."""
+ARRAY_SUFFIX = ".npy"
+"""Arrays in the run dir (an ES run's parameters and the sidecar its checkpoint names)."""
 STATUS_FIELDS = ("run_id", "env_id", "generation", "phase", "frames", "evaluations",
                  "elite_score", "workers", "tasks_pending", "tasks_leased", "tasks_done",
                  "leases_reissued", "run_complete")  # fmt: skip
@@ -151,8 +153,8 @@ class RunDirMirror:
         run_dir.mkdir(parents=True, exist_ok=True)
         # Data first and the current checkpoint last: a restore cut short leaves no checkpoint
         # (and is redone) or one that every data file is at least as new as.
-        events = sorted(name for name in present if _is_event_file(name))
-        for name in (*DATA_FILES, *events, *CHECKPOINT_FILES):
+        extras = sorted(name for name in present if _is_extra_file(name))
+        for name in (*DATA_FILES, *extras, *CHECKPOINT_FILES):
             if name in present:
                 try:
                     self._download(name, run_dir / name)
@@ -172,7 +174,7 @@ class RunDirMirror:
             for page in pages:
                 for item in page.get("Contents", ()):
                     name = item["Key"][len(prefix) :]
-                    if name in names or _is_event_file(name):
+                    if name in names or _is_extra_file(name):
                         found.add(name)
         except Exception as error:
             raise MirrorError(self._describe("cannot list the run's files", error)) from None
@@ -218,16 +220,23 @@ class RunDirMirror:
         # The checkpoints are read first: the trainer writes metrics and genomes before each
         # checkpoint, so the data read after one is at least as new as it, and a run restored
         # from S3 never lacks a metrics line its checkpoint counts (extra lines it drops).
-        events = _event_files(run_dir)
+        extras = _extra_files(run_dir)
         changed = {
-            name: self._changed(run_dir, name) for name in (CURRENT, PREVIOUS, *DATA_FILES, *events)
+            name: self._changed(run_dir, name) for name in (CURRENT, PREVIOUS, *DATA_FILES, *extras)
         }
-        for name in (*DATA_FILES, *events, *CHECKPOINT_FILES):
+        # A checkpoint goes up after the arrays it names, so S3 never holds one without them.
+        for name in (*DATA_FILES, *extras, *CHECKPOINT_FILES):
             if changed[name] is None:
                 continue
             signature, digest, data = changed[name]
             self._put(name, data)
             self._uploaded[name] = (signature, digest)
+        # Sidecars the trainer rotated out go from S3 too (each can be tens of MB), but only
+        # now that the checkpoints which replaced them are up.
+        for name in sorted(set(self._uploaded) - set(extras) - {*DATA_FILES, *CHECKPOINT_FILES}):
+            if _is_extra_file(name) and not (run_dir / name).exists():
+                self.client.delete_object(Bucket=self.uri.bucket, Key=self.uri.key(name))
+                del self._uploaded[name]
         document = {**status, "updated_at": round(time.time(), 3)}
         self._put(STATUS_FILE, (json.dumps(document, indent=2) + "\n").encode())
 
@@ -256,7 +265,7 @@ class RunDirMirror:
     def _put(self, name: str, data: bytes) -> None:
         content_type = (
             "application/octet-stream"
-            if _is_event_file(name)
+            if _is_extra_file(name)
             else "application/x-ndjson"
             if name.endswith(".jsonl")
             else "application/json"
@@ -266,21 +275,21 @@ class RunDirMirror:
         )
 
 
-def _is_event_file(name: str) -> bool:
+def _is_extra_file(name: str) -> bool:
+    """A TensorBoard event file or a run-dir array, beside the fixed run files."""
     head, _, tail = name.partition("/")
+    if not tail:
+        return name.endswith(ARRAY_SUFFIX) and not name.startswith(".")
     return head == TENSORBOARD_DIR and "/" not in tail and tail.startswith("events.out.tfevents")
 
 
-def _event_files(run_dir: Path) -> list[str]:
-    """The run dir's TensorBoard event files, as names relative to it."""
-    try:
-        return sorted(
-            f"{TENSORBOARD_DIR}/{path.name}"
-            for path in (run_dir / TENSORBOARD_DIR).iterdir()
-            if _is_event_file(f"{TENSORBOARD_DIR}/{path.name}") and path.is_file()
-        )
-    except FileNotFoundError:
-        return []
+def _extra_files(run_dir: Path) -> list[str]:
+    """The run dir's event files and arrays, as names relative to it."""
+    names = [path.name for path in run_dir.glob(f"*{ARRAY_SUFFIX}") if path.is_file()]
+    with contextlib.suppress(FileNotFoundError):
+        names += [f"{TENSORBOARD_DIR}/{path.name}" for path in (run_dir / TENSORBOARD_DIR).iterdir()
+                  if path.is_file()]  # fmt: skip
+    return sorted(name for name in names if _is_extra_file(name))
 
 
 class MirrorLoop:

@@ -99,3 +99,37 @@ def test_an_es_run_resumes_from_its_checkpoint(tmp_path: Path, noise_cache: Path
     theta_after_four = load_sidecar(run_dir, resumed["sidecar"])[0]
     assert theta_after_four.shape == theta_after_two.shape
     assert not np.array_equal(theta_after_four, theta_after_two)
+
+
+def test_an_es_run_mirrored_to_s3_resumes_on_a_new_machine(
+    aws_endpoint: str, tmp_path: Path, noise_cache: Path
+) -> None:
+    import boto3
+
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="runs-bucket")
+    uri = "s3://runs-bucket/es"
+    first, second = tmp_path / "first", tmp_path / "second"
+    settings = ("--env", "CartPole-v1", "--pairs", "5", "--eval-episodes", "2", "--no-target",
+                "--quiet", "--s3-uri", uri)  # fmt: skip
+    done = run_master(*settings, "--run-dir", str(first), "--generations", "4")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def stored() -> set[str]:
+        listing = s3.list_objects_v2(Bucket="runs-bucket", Prefix="es/").get("Contents", [])
+        return {item["Key"][len("es/") :] for item in listing}
+
+    local_arrays = {path.name for path in first.glob("*.npy")}
+    assert {"best_params.npy", "elite_params.npy"} <= local_arrays
+    # Every array the run dir holds is in S3, and none the trainer has rotated out.
+    assert {name for name in stored() if name.endswith(".npy")} == local_arrays
+    # A new machine: an empty run dir restores from S3 (arrays included) and goes on.
+    done = run_master(*settings, "--run-dir", str(second), "--generations", "6")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming {second} at generation 4" in done.stderr
+    records = read_metrics(second / "metrics.jsonl")
+    assert records[:4] == read_metrics(first / "metrics.jsonl")
+    check_counters(records, 5, 2)
+    assert {name for name in stored() if name.endswith(".npy")} == {
+        path.name for path in second.glob("*.npy")
+    }
