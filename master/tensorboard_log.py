@@ -57,6 +57,10 @@ def generation_scalars(record: GenerationRecord, stats: GenerationStats) -> dict
         "fleet/leases_reissued": record.leases_reissued,
         "frames": record.frames,
     }
+    # The algorithm's own numeric figures (ES: theta_rank, grad_norm, ...) under algo/.
+    for name, value in record.extra.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            values[f"algo/{name}"] = value
     return _finite(values)
 
 

@@ -58,6 +58,17 @@ def record(**fields: object) -> GenerationRecord:
         ({"score_mean": math.nan, "score_max": math.nan, "elite_score": math.nan},
          GenerationStats(None, None, 0, None),
          {"fleet/workers": 0.0, "fleet/leases_reissued": 3.0, "frames": 52_000.0}),
+        # ES adds its own figures; a missing rank and non-numbers are left out.
+        ({"score_mean": math.nan, "score_max": math.nan, "elite_score": math.nan,
+          "extra": {"theta_rank": 3, "grad_norm": 2.5, "population": 40, "note": "x",
+                    "flag": True}},
+         GenerationStats(None, None, 0, None),
+         {"fleet/workers": 0.0, "fleet/leases_reissued": 3.0, "frames": 52_000.0,
+          "algo/theta_rank": 3.0, "algo/grad_norm": 2.5, "algo/population": 40.0}),
+        ({"score_mean": math.nan, "score_max": math.nan, "elite_score": math.nan,
+          "extra": {"theta_rank": None}},
+         GenerationStats(None, None, 0, None),
+         {"fleet/workers": 0.0, "fleet/leases_reissued": 3.0, "frames": 52_000.0}),
     ],
 )  # fmt: skip
 def test_the_scalars_of_a_generation(
