@@ -328,10 +328,13 @@ def _s3_mirror(parser: argparse.ArgumentParser, uri: str) -> RunDirMirror:
 def _restore(mirror: RunDirMirror, run_dir: Path) -> bool:
     """Fetches the run from S3 if the run dir holds none; False (said on stderr) if S3 failed."""
     from master.progress import notice_stream
-    from master.s3_mirror import MirrorError
+    from master.s3_mirror import MirrorError, OtherRunError
 
     try:
         restored = mirror.restore(run_dir)
+    except OtherRunError as error:
+        print(f"neuro-master: {error}", file=sys.stderr)
+        return False
     except MirrorError as error:
         print(
             f"neuro-master: {error}\nneuro-master: not starting: the S3 prefix must be readable "

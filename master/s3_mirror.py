@@ -51,6 +51,10 @@ class MirrorError(Exception):
     """S3 cannot be used for the run dir; the message names the URI and why."""
 
 
+class OtherRunError(MirrorError):
+    """The S3 prefix holds a different run than the run dir."""
+
+
 @dataclass(frozen=True)
 class S3Uri:
     """s3://bucket/prefix, validated; `prefix` has no leading or trailing slash."""
@@ -147,6 +151,7 @@ class RunDirMirror:
         run_dir = Path(run_dir)
         present = self._list()
         if any((run_dir / name).exists() for name in CHECKPOINT_FILES):
+            self._check_same_run(run_dir, present)
             return False  # the local run is the newer one; the next sync overwrites S3's
         if not present & set(CHECKPOINT_FILES):
             return False
@@ -161,6 +166,22 @@ class RunDirMirror:
                 except Exception as error:
                     raise MirrorError(self._describe(f"cannot download {name}", error)) from None
         return True
+
+    def _check_same_run(self, run_dir: Path, present: set[str]) -> None:
+        """Refuses to mirror a local run over a prefix that holds a different one."""
+        if "config.json" not in present or not (run_dir / "config.json").exists():
+            return
+        try:
+            body = self.client.get_object(Bucket=self.uri.bucket, Key=self.uri.key("config.json"))
+            theirs = json.loads(body["Body"].read()).get("run_id")
+            ours = json.loads((run_dir / "config.json").read_text()).get("run_id")
+        except Exception as error:
+            raise MirrorError(self._describe("cannot read the run's config.json", error)) from None
+        if theirs != ours:
+            raise OtherRunError(
+                f"{self.uri} holds run {theirs}, but {run_dir} is run {ours}: mirroring would "
+                "overwrite it; give this run its own --s3-uri"
+            )
 
     def _list(self) -> set[str]:
         """The run files the prefix holds (names relative to it)."""

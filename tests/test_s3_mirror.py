@@ -333,6 +333,29 @@ def test_a_missing_bucket_or_unreachable_s3_stops_the_master_at_startup(
     assert not (tmp_path / "run").exists()  # nothing started
 
 
+@pytest.mark.slow
+def test_a_run_is_never_mirrored_over_another_runs_prefix(
+    aws_endpoint: str, tmp_path: Path, noise_cache: Path
+) -> None:
+    s3().create_bucket(Bucket="bucket")
+    first = run_cli("--run-dir", str(tmp_path / "a"), "--generations", "1",
+                    "--s3-uri", "s3://bucket/runs/a")  # fmt: skip
+    other = run_cli("--run-dir", str(tmp_path / "b"), "--generations", "1")
+    assert first.returncode == 0 and other.returncode == 0, first.stderr + other.stderr
+    before = objects("bucket", "runs/a/")
+    # Run b, resumed with run a's prefix by mistake, stops before touching it.
+    done = run_cli("--run-dir", str(tmp_path / "b"), "--generations", "2",
+                   "--s3-uri", "s3://bucket/runs/a")  # fmt: skip
+    ours = json.loads((tmp_path / "b" / "config.json").read_text())["run_id"]
+    theirs = json.loads(before["config.json"])["run_id"]
+    assert done.returncode == 1
+    assert f"s3://bucket/runs/a holds run {theirs}, but {tmp_path / 'b'} is run {ours}" in (
+        done.stderr
+    )
+    assert objects("bucket", "runs/a/") == before
+    assert len(read_metrics(tmp_path / "b" / "metrics.jsonl")) == 1
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
