@@ -38,10 +38,10 @@ def _worker_memory(args: tuple) -> dict:
     import gymnasium as gym
     import numpy as np
 
-    from worker.decode import GenomeDecoder
-    from worker.noise import NoiseTableSpec, load_noise_table
+    from neuro.decode import GenomeDecoder
+    from neuro.noise import NoiseTableSpec, load_noise_table
+    from neuro.shared_store import SharedVectorStore
     from worker.policies import build_policy
-    from worker.shared_store import SharedVectorStore
 
     space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     policy = build_policy(policy_name, space, gym.spaces.Discrete(18))
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
     import torch
 
-    from worker.decode import GenomeDecoder, decode_genome
-    from worker.noise import NoiseTableSpec, load_noise_table
+    from neuro.decode import GenomeDecoder, decode_genome
+    from neuro.noise import NoiseTableSpec, load_noise_table
     from worker.policies import build_policy
 
     torch.set_num_threads(1)

@@ -91,7 +91,7 @@ async def _serve_until_told(conn, port: int) -> None:
 def master_process(conn, settings: Settings) -> None:
     _pin({SERVER_CORE})
     from master.config import inspect_env_id, preset
-    from master.server import start_master
+    from master.run.start import start_master
 
     async def main() -> None:
         config = preset(

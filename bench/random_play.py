@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import numpy as np
 
-    from worker.envs import make_env
+    from neuro.envs.make import make_env
     from worker.rollout import run_episode
 
     handle = make_env(args.env)

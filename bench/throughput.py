@@ -37,7 +37,7 @@ def _emulator_child(env_id: str, seconds: float, queue: mp.Queue) -> None:
     pin_to(0)
     import numpy as np
 
-    from worker.envs import make_env
+    from neuro.envs.make import make_env
 
     handle = make_env(env_id)
     rng = np.random.default_rng(0)
@@ -149,7 +149,7 @@ async def end_to_end(args: argparse.Namespace, run_dir: Path, stats_dir: Path) -
     import subprocess
 
     from master.config import inspect_env_id, preset
-    from master.server import start_master
+    from master.run.start import start_master
 
     overrides = {"population_size": args.population, "truncation": min(20, args.population),
                  "noise_table_size": args.noise_table_size, "architecture": args.policy,

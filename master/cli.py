@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from master.config import ALGORITHMS, ARCHITECTURES, ATARI_DYNAMICS, inspect_env_id, preset
 
 if TYPE_CHECKING:
-    from master.s3_mirror import RunDirMirror
+    from master.run.s3_mirror import RunDirMirror
 
 
 def _hidden_sizes(text: str) -> tuple[int, ...]:
@@ -238,7 +238,7 @@ def _setting(config, name: str):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["status"]:
-        from master.status_cli import main as status_main
+        from master.observe.status import main as status_main
 
         return status_main(argv[1:])
     parser = build_parser()
@@ -249,9 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(
         args.run_dir or f"runs/{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    from master.checkpoint import CheckpointError, load_checkpoint
-    from master.progress import notice_stream
-    from master.server import resume_config, run_master
+    from master.observe.progress import notice_stream
+    from master.run.checkpoint import CheckpointError, load_checkpoint
+    from master.run.start import resume_config, run_master
 
     mirror = None
     if args.s3_uri is not None:
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _s3_mirror(parser: argparse.ArgumentParser, uri: str) -> RunDirMirror:
     """The run dir's S3 mirror, or a usage error (exit 2) naming the URI."""
-    from master.s3_mirror import MirrorError, RunDirMirror
+    from master.run.s3_mirror import MirrorError, RunDirMirror
 
     try:
         return RunDirMirror(uri)
@@ -327,8 +327,8 @@ def _s3_mirror(parser: argparse.ArgumentParser, uri: str) -> RunDirMirror:
 
 def _restore(mirror: RunDirMirror, run_dir: Path) -> bool:
     """Fetches the run from S3 if the run dir holds none; False (said on stderr) if S3 failed."""
-    from master.progress import notice_stream
-    from master.s3_mirror import MirrorError, OtherRunError
+    from master.observe.progress import notice_stream
+    from master.run.s3_mirror import MirrorError, OtherRunError
 
     try:
         restored = mirror.restore(run_dir)
@@ -352,7 +352,7 @@ def _security(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> tuple[str | None, tuple[bytes, bytes] | None]:
     """The token and TLS material, or a usage error (exit 2) naming the flag or file at fault."""
-    from master.auth import is_loopback, load_token
+    from master.fleet.auth import is_loopback, load_token
 
     try:
         token = load_token(args.token_file)

@@ -7,45 +7,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from master.es import ESConfig, Parameters
-from master.ga import GAConfig, Genome
-from master.rundir import GENOME_FORMAT
+from master.algorithms.es import ESConfig, Parameters
+from master.algorithms.ga import GAConfig, Genome
+from neuro.envs.make import ATARI_DYNAMICS, EnvKind, inspect_env_id
+from neuro.layout import ARCHITECTURES
+from neuro.noise import PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
+from neuro.runfiles import GENOME_FORMAT
 
-ARCHITECTURES = ("deepga", "nature", "mlp")
-ATARI_DYNAMICS = ("paper", "registered")
-PAPER_NOISE_TABLE_SIZE = 250_000_000
-SMALL_NOISE_TABLE_SIZE = 2**24
+__all__ = ["ARCHITECTURES", "ATARI_DYNAMICS", "EnvKind", "RunConfig", "inspect_env_id", "preset"]
+
 ATARI_TRAINING_EPISODE_STEPS = 5000
 ALGORITHMS = ("ga", "es")
-
-
-@dataclass(frozen=True)
-class EnvKind:
-    """What the master knows of an env id without building it."""
-
-    env_id: str
-    atari: bool
-    reward_threshold: float | None
-    deterministic: bool = False
-    """The return depends on the policy alone (neuro's toy tasks): one elite episode is enough."""
-
-
-def inspect_env_id(env_id: str) -> EnvKind:
-    """Resolves an id through gymnasium's registry (with ale-py's and neuro's ids registered)."""
-    import ale_py
-    import gymnasium
-
-    from neuro.envs import ENTRY_POINT_PREFIX, register_envs
-
-    gymnasium.register_envs(ale_py)
-    register_envs(env_id)
-    try:
-        spec = gymnasium.spec(env_id)
-    except gymnasium.error.Error as error:
-        raise ValueError(f"unknown env id {env_id!r}: {error}") from None
-    atari = str(spec.entry_point).startswith("ale_py")
-    deterministic = str(spec.entry_point).startswith(ENTRY_POINT_PREFIX)
-    return EnvKind(env_id, atari, spec.reward_threshold, deterministic)
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from master import cli
-from master.auth import REFUSAL, is_loopback, load_token
 from master.config import inspect_env_id, preset
-from master.local_workers import LocalWorkers
-from master.server import SERVICE_NAME, start_master
+from master.fleet.auth import REFUSAL, is_loopback, load_token
+from master.run.local_workers import LocalWorkers
+from master.run.start import start_master
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
+from neuro.wire import SERVICE_NAME
 from tests.conftest import spawn_worker, stop_processes
 
 CURRENT = pb.PROTOCOL_VERSION_CURRENT
@@ -334,7 +335,7 @@ def master_cli(monkeypatch, tmp_path, *argv: str, env: dict[str, str] | None = N
     async def run_master(*args, **kwargs):
         served.update(kwargs)
 
-    monkeypatch.setattr("master.server.run_master", run_master)
+    monkeypatch.setattr("master.run.start.run_master", run_master)
     args = ["--env", "CartPole-v1", "--run-dir", str(tmp_path / "run"), "--port", "0", *argv]
     assert cli.main(args) == 0
     return served
@@ -389,9 +390,10 @@ def test_worker_cli_names_an_empty_token_file(tmp_path, monkeypatch, capsys):
 def test_local_workers_get_the_token_through_the_environment(monkeypatch):
     started = []
     monkeypatch.setenv("NEURO_TOKEN_FILE", "/elsewhere")
-    monkeypatch.setattr("master.local_workers._worker_installed", lambda: True)
+    monkeypatch.setattr("master.run.local_workers._worker_installed", lambda: True)
     monkeypatch.setattr(
-        "master.local_workers.subprocess.Popen", lambda command, env: started.append((command, env))
+        "master.run.local_workers.subprocess.Popen",
+        lambda command, env: started.append((command, env)),
     )
     workers = LocalWorkers("127.0.0.1:1", 2, ("--slots", "2"), token=TOKEN)
     workers.start()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from master.rundir import read_metrics
+from master.run.rundir import read_metrics
 from tests.conftest import REPO, free_port, spawn_worker, stop_processes, worker_env
 
 pytestmark = pytest.mark.slow
@@ -108,7 +108,7 @@ def test_sigterm_checkpoints_the_master_and_the_same_command_finishes_the_run(
             time.sleep(0.2)
         master.send_signal(signal.SIGTERM)
         assert master.wait(30) == 0
-        from master.checkpoint import load_checkpoint
+        from master.run.checkpoint import load_checkpoint
 
         payload = load_checkpoint(run_dir)
         assert payload is not None and payload["ga"]["generation"] >= 2

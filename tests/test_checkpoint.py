@@ -10,10 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from master.checkpoint import CURRENT, PREVIOUS, CheckpointError, load_checkpoint, save_checkpoint
 from master.config import inspect_env_id, preset
-from master.rundir import read_metrics
-from master.server import resume_config, start_master
+from master.run.checkpoint import (
+    CURRENT,
+    PREVIOUS,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
+from master.run.rundir import read_metrics
+from master.run.start import resume_config, start_master
 from tests.conftest import spawn_worker, stop_processes
 
 

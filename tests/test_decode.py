@@ -8,8 +8,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from worker.decode import DecodeStats, GenomeDecoder, decode_genome
-from worker.noise import NoiseTableSpec, load_noise_table, noise_offset
+from neuro.decode import DecodeStats, GenomeDecoder, decode_genome
+from neuro.noise import NoiseTableSpec, load_noise_table, noise_offset
 from worker.policies import build_policy
 
 SEEDS = [4070460811, 2393459932, 3391677529, 3126527182]

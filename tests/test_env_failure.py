@@ -11,7 +11,7 @@ import pytest
 
 import worker.slots
 from master.config import inspect_env_id, preset
-from master.server import start_master
+from master.run.start import start_master
 from tests.conftest import spawn_worker, stop_processes
 from worker.client import WorkerClient
 from worker.evaluator import Evaluator

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker.envs import PAPER, REGISTERED, is_atari, make_env
+from neuro.envs.make import PAPER, REGISTERED, is_atari, make_env
+from neuro.noise import NoiseTableSpec
 from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator
-from worker.noise import NoiseTableSpec
 from worker.rollout import run_episode
 
 

@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from master.es import (
+from master.algorithms.es import (
     ESConfig,
     ESState,
     EvolutionStrategy,
@@ -19,8 +19,8 @@ from master.es import (
     gradient_estimate,
     perturbation_noise,
 )
-from worker.layout import init_scale, parameter_layout
-from worker.noise import NoiseTableSpec, generate_into
+from neuro.layout import init_scale, parameter_layout
+from neuro.noise import NoiseTableSpec, generate_into
 
 TABLE_SPEC = NoiseTableSpec(seed=7, size=2**16)
 
@@ -150,8 +150,8 @@ def test_layout_matches_the_torch_policies() -> None:
 
 
 def test_the_es_master_modules_do_not_import_torch() -> None:
-    code = ("import sys, master.es, master.server, master.cli, worker.layout, worker.noise; "
-            "sys.exit('torch' in sys.modules)")  # fmt: skip
+    code = ("import sys, master.algorithms.es, master.run.start, master.cli, neuro.layout, "
+            "neuro.noise; sys.exit('torch' in sys.modules)")  # fmt: skip
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from master.checkpoint import load_checkpoint, load_sidecar
-from master.rundir import read_metrics
+from master.run.checkpoint import load_checkpoint, load_sidecar
+from master.run.rundir import read_metrics
 from tests.conftest import REPO, worker_env
 
 pytestmark = pytest.mark.slow

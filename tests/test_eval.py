@@ -12,10 +12,10 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 
+from neuro.noise import NoiseTableSpec
 from tests.conftest import REPO, worker_env
 from worker import evaluate_policy
 from worker.cli import eval_main
-from worker.noise import NoiseTableSpec
 from worker.video import Video
 
 SUMMARY = re.compile(r"mean (\S+) std (\S+) min (\S+) max (\S+) over (\d+) episodes")

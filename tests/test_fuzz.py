@@ -23,13 +23,13 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 
 from master.config import inspect_env_id, preset
-from master.server import start_master
-from master.service import (
+from master.fleet.service import (
     MAX_EPISODE_FRAMES,
     MAX_ID_LENGTH,
     MAX_REQUEST_BYTES,
     MAX_TASKS_PER_LEASE,
 )
+from master.run.start import start_master
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
 

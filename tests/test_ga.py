@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from master.ga import ELITE, OFFSPRING, GAConfig, GAState, GeneticAlgorithm, Genome
+from master.algorithms.ga import ELITE, OFFSPRING, GAConfig, GAState, GeneticAlgorithm, Genome
 
 SMALL = GAConfig(population_size=20, truncation=4, elite_candidates=3, elite_episodes=5, seed=7)
 

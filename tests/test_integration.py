@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from master.config import inspect_env_id, preset
-from master.rundir import read_metrics
-from master.server import start_master
+from master.run.rundir import read_metrics
+from master.run.start import start_master
 from tests.conftest import REPO, spawn_worker, stop_processes, worker_env
 
 pytestmark = pytest.mark.slow

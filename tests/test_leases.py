@@ -9,9 +9,9 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from master.fleet import FleetSettings, split_into_tasks
-from master.ga import EvaluationRequest, Genome
-from master.leases import Disposition, LeaseCounters, LeaseTable
+from master.algorithms.ga import EvaluationRequest, Genome
+from master.fleet.leases import Disposition, LeaseCounters, LeaseTable
+from master.fleet.scheduler import FleetSettings, split_into_tasks
 
 LEASE_S = 10.0
 GENOME = Genome((1,))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from master.config import inspect_env_id, preset
-from master.server import start_master
+from master.run.start import start_master
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
 

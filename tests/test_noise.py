@@ -10,8 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from worker import noise
-from worker.noise import NoiseTableSpec, generate_into, load_noise_table, noise_offset
+from neuro import noise
+from neuro.noise import NoiseTableSpec, generate_into, load_noise_table, noise_offset
 
 SMALL = NoiseTableSpec(seed=123, size=2**22)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from master.plot import OUTPUTS, load_run, main, throughput
+from master.observe.plot import OUTPUTS, load_run, main, throughput
 from tests.conftest import REPO, worker_env
 
 GENERATIONS = {"run-a": 3, "run-b": 4}
@@ -40,7 +40,7 @@ def run_dirs(tmp_path_factory: pytest.TempPathFactory, noise_cache: Path) -> lis
 
 
 def neuro_plot(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "master.plot", *args], env=worker_env(),
+    return subprocess.run([sys.executable, "-m", "master.observe.plot", *args], env=worker_env(),
                           cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
 
 

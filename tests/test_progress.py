@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from master.progress import (
+from master.observe.progress import (
     GenerationStats,
     Mark,
     RateTracker,
@@ -32,7 +32,7 @@ from master.progress import (
     progress_bar,
     rates,
 )
-from master.rundir import GenerationRecord, read_metrics
+from master.run.rundir import GenerationRecord, read_metrics
 from tests.conftest import REPO, worker_env
 
 MASTER = [sys.executable, "-c", "import sys; from master.cli import main; sys.exit(main())"]

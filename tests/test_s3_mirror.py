@@ -19,18 +19,18 @@ from typing import Any
 import boto3
 import pytest
 
-import master.server
+import master.run.start
 from master.cli import main
 from master.config import inspect_env_id, preset
-from master.rundir import read_metrics
-from master.s3_mirror import (
+from master.run.rundir import read_metrics
+from master.run.s3_mirror import (
     STATUS_FIELDS,
     MirrorError,
     RunDirMirror,
     parse_s3_uri,
     status_document,
 )
-from master.server import run_master
+from master.run.start import run_master
 from neuro.v1 import evolution_pb2 as pb
 from tests.conftest import REPO, aws_test_env, free_port, worker_env
 
@@ -180,7 +180,7 @@ def test_a_refused_sync_warns_once_and_the_next_one_uploads_everything(
     client = s3()
     mirror = RunDirMirror("s3://later/x", client=client)
     write_run_files(tmp_path, "one")
-    with caplog.at_level(logging.WARNING, logger="master.s3_mirror"):
+    with caplog.at_level(logging.WARNING, logger="master.run.s3_mirror"):
         assert not mirror.sync(tmp_path, {})  # the bucket is not there (yet)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "s3://later/x" in warnings[0] and "does not exist" in warnings[0]
@@ -197,7 +197,7 @@ def test_a_dead_endpoint_fails_sync_quickly_and_restore_with_a_clear_error(
     mirror = RunDirMirror("s3://bucket/dead")
     write_run_files(tmp_path / "run", "one")
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="master.s3_mirror"):
+    with caplog.at_level(logging.WARNING, logger="master.run.s3_mirror"):
         assert not mirror.sync(tmp_path / "run", {})
     assert time.monotonic() - started < 20  # three attempts with backoff, not a hang
     assert "s3://bucket/dead" in caplog.text and "cannot reach S3" in caplog.text
@@ -217,12 +217,12 @@ def test_a_blackholed_s3_neither_slows_the_ga_nor_hangs_the_exit(
             monkeypatch.setenv(name, value)
         monkeypatch.setenv("PYTHONPATH", str(REPO))
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
-        monkeypatch.setattr(master.server, "FINAL_SYNC_TIMEOUT_S", 1.0)
+        monkeypatch.setattr(master.run.start, "FINAL_SYNC_TIMEOUT_S", 1.0)
         config = preset(inspect_env_id("CartPole-v1"), population_size=20, elite_candidates=2,
                         elite_episodes=2, generations=3, target_score=None, seed=1)  # fmt: skip
         mirror = RunDirMirror("s3://bucket/hole")
         started = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="master.s3_mirror"):
+        with caplog.at_level(logging.WARNING, logger="master.run.s3_mirror"):
             run = run_master(config, tmp_path / "run", "127.0.0.1", 0, local_workers=1,
                              worker_args=("--give-up-after", "30"), out=None, mirror=mirror,
                              s3_sync_seconds=0.2)  # fmt: skip
@@ -378,7 +378,7 @@ def test_the_master_needs_boto3_only_for_the_mirror(tmp_path: Path) -> None:
     # boto3 and botocore made unimportable: the master still imports; --s3-uri says what to do.
     script = (
         "import sys; sys.modules['boto3'] = sys.modules['botocore'] = None\n"
-        "import master.cli, master.server, master.s3_mirror\n"
+        "import master.cli, master.run.start, master.run.s3_mirror\n"
         "sys.exit(master.cli.main(sys.argv[1:]))"
     )
     done = subprocess.run(

@@ -12,9 +12,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from master.config import inspect_env_id, preset
-from master.server import SERVICE_NAME, start_master
+from master.run.start import start_master
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
+from neuro.wire import SERVICE_NAME
 
 CURRENT = pb.PROTOCOL_VERSION_CURRENT
 ACCEPTED, DUPLICATE, STALE = (pb.RESULT_DISPOSITION_ACCEPTED, pb.RESULT_DISPOSITION_DUPLICATE,

@@ -9,10 +9,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from worker.decode import GenomeDecoder, decode_genome
-from worker.noise import NoiseTableSpec, load_noise_table
+from neuro.decode import GenomeDecoder, decode_genome
+from neuro.noise import NoiseTableSpec, load_noise_table
+from neuro.shared_store import SharedVectorStore
 from worker.policies import build_policy
-from worker.shared_store import SharedVectorStore
 
 SIGMA = 0.01
 

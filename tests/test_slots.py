@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from neuro.noise import NoiseTableSpec
 from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator
-from worker.noise import NoiseTableSpec
 from worker.slots import SlotRunner
 
 TABLE = NoiseTableSpec(seed=123, size=2**16)

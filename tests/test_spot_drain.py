@@ -20,7 +20,7 @@ from typing import NamedTuple
 import pytest
 
 from master.config import inspect_env_id, preset
-from master.server import start_master
+from master.run.start import start_master
 from tests.conftest import free_port, spawn_worker, stop_processes
 from worker.cli import worker_main
 from worker.spot import (

@@ -26,14 +26,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from master import cli, status_cli
+from master import cli
+from master.algorithms.ga import EvaluationRequest, Genome
 from master.config import inspect_env_id, preset
-from master.fleet import Fleet, FleetSettings, TaskOutcome, WorkerRoster
-from master.ga import EvaluationRequest, Genome
-from master.metrics_http import Snapshot, StatusCollector, start_metrics_server
-from master.rundir import read_metrics
-from master.server import start_master
-from master.service import with_worker_status
+from master.fleet.scheduler import Fleet, FleetSettings, TaskOutcome, WorkerRoster
+from master.fleet.service import with_worker_status
+from master.observe import status as status_cli
+from master.observe.prometheus import Snapshot, StatusCollector, start_metrics_server
+from master.run.rundir import read_metrics
+from master.run.start import start_master
 from neuro.v1 import evolution_pb2 as pb
 from tests.conftest import REPO, free_port, spawn_worker, stop_processes, worker_env
 
@@ -455,7 +456,7 @@ def master_cli_kwargs(monkeypatch, tmp_path, *argv: str) -> dict:
     async def run_master(*args, **kwargs):
         served.update(kwargs)
 
-    monkeypatch.setattr("master.server.run_master", run_master)
+    monkeypatch.setattr("master.run.start.run_master", run_master)
     assert cli.main(["--env", "CartPole-v1", "--run-dir", str(tmp_path / "run"), *argv]) == 0
     return served
 

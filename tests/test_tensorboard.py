@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from master.algorithms.ga import GeneticAlgorithm
 from master.config import inspect_env_id, preset
-from master.fleet import Fleet, FleetSettings
-from master.ga import GeneticAlgorithm
-from master.progress import GenerationStats
-from master.rundir import GenerationRecord, RunDirectory, read_metrics
-from master.tensorboard_log import (
+from master.fleet.scheduler import Fleet, FleetSettings
+from master.observe.progress import GenerationStats
+from master.observe.tensorboard import (
     TensorBoardObserver,
     frame_scalars,
     generation_scalars,
     last_generation_written,
 )
-from master.training import Budget, Trainer
+from master.run.rundir import GenerationRecord, RunDirectory, read_metrics
+from master.run.trainer import Budget, Trainer
 from tests.conftest import REPO, worker_env
 
 MASTER = [sys.executable, "-c", "import sys; from master.cli import main; sys.exit(main())"]

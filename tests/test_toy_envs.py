@@ -15,8 +15,8 @@ from gymnasium.utils.env_checker import check_env
 
 from master.config import inspect_env_id, preset
 from neuro.envs import Memorize, MemorizeUntilMistake, memorize_dataset, register_envs
+from neuro.envs.make import make_env
 from tests.conftest import REPO, worker_env
-from worker.envs import make_env
 from worker.policies import build_policy
 from worker.rollout import run_episode
 

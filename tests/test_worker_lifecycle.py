@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from master.config import inspect_env_id, preset
-from master.server import start_master
+from master.run.start import start_master
 from tests.conftest import free_port, spawn_worker, stop_processes
 
 pytestmark = pytest.mark.slow
@@ -128,7 +128,7 @@ import asyncio, sys
 sys.modules["torch"] = None  # any import of torch now fails
 from master.cli import main
 from master.config import inspect_env_id, preset
-from master.server import start_master
+from master.run.start import start_master
 
 async def serve():
     config = preset(inspect_env_id("Frostbite-v4"), generations=1)

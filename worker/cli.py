@@ -12,7 +12,8 @@ import sys
 import uuid
 from pathlib import Path
 
-DEFAULT_MASTER = "127.0.0.1:8080"
+from neuro.wire import DEFAULT_MASTER
+
 SPOT_NOTICE_MODES = ("off", "imds")
 
 
@@ -125,7 +126,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         parser.error(f"--slots must be >= 1, got {args.slots}")
     if args.torch_threads < 1:
         parser.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
-    from master.auth import load_token
+    from neuro.wire import load_token
 
     try:
         token = load_token(args.token_file)
@@ -146,7 +147,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     from worker.evaluator import Evaluator
 
     torch.set_num_threads(args.torch_threads)
-    from worker.shared_store import SharedVectorStore
+    from neuro.shared_store import SharedVectorStore
 
     shared = (
         SharedVectorStore(budget_bytes=args.shared_cache_mb * 2**20)

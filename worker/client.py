@@ -17,15 +17,15 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 import grpc
 import numpy as np
 
+from neuro.noise import NoiseTableSpec
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
+from neuro.wire import open_channel
 from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator
-from worker.noise import NoiseTableSpec
 from worker.slots import SlotRunner, StepTimers
 
 log = logging.getLogger(__name__)
@@ -92,55 +92,6 @@ def fetch_parameters(
     if digest != sha256:
         raise ParametersUnavailable(f"version {version} changed on the master")
     return np.frombuffer(bytes(data), dtype="<f4").astype(np.float32)
-
-
-class _CallDetails(NamedTuple):
-    method: str
-    timeout: float | None
-    metadata: tuple | None
-    credentials: grpc.CallCredentials | None
-    wait_for_ready: bool | None
-    compression: grpc.Compression | None
-
-
-class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
-    """Adds `authorization: Bearer <token>` to every call (the master's TokenInterceptor)."""
-
-    def __init__(self, token: str) -> None:
-        self._metadata = (("authorization", f"Bearer {token}"),)
-
-    def __repr__(self) -> str:
-        return "_BearerToken(<hidden>)"
-
-    def intercept_unary_unary(self, continuation, client_call_details, request):
-        details = _CallDetails(
-            client_call_details.method,
-            client_call_details.timeout,
-            (*(client_call_details.metadata or ()), *self._metadata),
-            client_call_details.credentials,
-            client_call_details.wait_for_ready,
-            client_call_details.compression,
-        )
-        return continuation(details, request)
-
-    def intercept_unary_stream(self, continuation, client_call_details, request):
-        return self.intercept_unary_unary(continuation, client_call_details, request)
-
-
-def open_channel(
-    address: str, token: str | None = None, root_certificates: bytes | None = None
-) -> grpc.Channel:
-    """A channel to the master: TLS when given its root certificate, the token on every call."""
-    if root_certificates is not None:
-        credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-        channel = grpc.secure_channel(address, credentials)
-    else:
-        channel = grpc.insecure_channel(address)
-    if token is not None:
-        # An interceptor rather than call credentials: those are refused on plaintext channels,
-        # and a master on loopback may run without TLS.
-        channel = grpc.intercept_channel(channel, _BearerToken(token))
-    return channel
 
 
 @dataclass

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worker.decode import GenomeDecoder
-from worker.envs import PAPER, EnvHandle, make_env
-from worker.noise import NoiseTableSpec, load_noise_table, noise_offset
+from neuro.decode import GenomeDecoder
+from neuro.envs.make import PAPER, EnvHandle, make_env
+from neuro.noise import NoiseTableSpec, load_noise_table, noise_offset
+from neuro.shared_store import SharedVectorStore
 from worker.policies import Policy, build_policy
 from worker.rollout import run_episode
-from worker.shared_store import SharedVectorStore
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ATARI_SHAPE = (4, 84, 84)
-DEFAULT_MLP_HIDDEN = (64, 64)
-ARCHITECTURES = ("deepga", "nature", "mlp")
+from neuro.layout import (
+    ARCHITECTURES,
+    ATARI_CONVS,
+    ATARI_HIDDEN,
+    ATARI_SHAPE,
+    DEFAULT_MLP_HIDDEN,
+    HIDDEN_STD,
+    OUTPUT_STD,
+)
 
-# (out_channels, kernel, stride) of the three conv layers shared by both Atari networks.
-_ATARI_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
-_ATARI_HIDDEN = 512
-_HIDDEN_STD = 1.0
-_OUTPUT_STD = 0.1
+__all__ = ["ARCHITECTURES", "ATARI_SHAPE", "DEFAULT_MLP_HIDDEN", "Policy", "build_policy"]
 
 
 def _same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -44,7 +46,7 @@ class _AtariNet(nn.Module):
         channels, size = ATARI_SHAPE[0], ATARI_SHAPE[1]
         self.pads: list[tuple[int, int, int, int]] = []
         convs = []
-        for out_channels, kernel, stride in _ATARI_CONVS:
+        for out_channels, kernel, stride in ATARI_CONVS:
             if same_padding:
                 before, after = _same_padding(size, kernel, stride)
                 size = -(-size // stride)
@@ -57,8 +59,8 @@ class _AtariNet(nn.Module):
             channels = out_channels
         self.conv1, self.conv2, self.conv3 = convs
         self.conv_output_shape = (channels, size, size)
-        self.fc = nn.Linear(channels * size * size, _ATARI_HIDDEN)
-        self.out = nn.Linear(_ATARI_HIDDEN, n_actions)
+        self.fc = nn.Linear(channels * size * size, ATARI_HIDDEN)
+        self.out = nn.Linear(ATARI_HIDDEN, n_actions)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.float32) / 255.0
@@ -135,7 +137,7 @@ class Policy:
             n = p.numel()
             if name.endswith(".weight"):
                 layer = name.rsplit(".", 1)[0]
-                std = _OUTPUT_STD if layer == self._output_layer else _HIDDEN_STD
+                std = OUTPUT_STD if layer == self._output_layer else HIDDEN_STD
                 scale[offset : offset + n] = np.float32(std / math.sqrt(_fan_in(p)))
             offset += n
         return scale

@@ -8,17 +8,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from master.config import PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
-from master.rundir import GENOME_FORMAT
-from worker.envs import PAPER, is_atari
+from neuro.envs.make import PAPER, is_atari
+from neuro.noise import PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE, NoiseTableSpec
+from neuro.runfiles import BEST_GENOME, GENOME_FORMAT
 from worker.evaluator import EvaluationSpec, Evaluator
-from worker.noise import NoiseTableSpec
 from worker.policies import DEFAULT_MLP_HIDDEN
 
 if TYPE_CHECKING:
     from worker.video import Video
-
-BEST_GENOME = "best_genome.json"
 
 
 def resolve_genome_path(path: str | os.PathLike) -> Path:

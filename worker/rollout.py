@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from worker.envs import EnvHandle
+from neuro.envs.make import EnvHandle
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.envs import EnvHandle, make_env
+from neuro.envs.make import EnvHandle, make_env
 from worker.evaluator import EnvBuildError, Evaluation, EvaluationSpec, Evaluator
 from worker.policies import Policy, build_policy
 

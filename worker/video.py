@@ -11,7 +11,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from worker.envs import EnvHandle, make_env
+from neuro.envs.make import EnvHandle, make_env
 from worker.evaluator import EvaluationSpec, Evaluator
 from worker.policies import build_policy
 from worker.rollout import run_episode

@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from master.checkpoint import save_checkpoint, save_sidecar
-from master.es import ESSummary, EvolutionStrategy
-from master.fleet import Fleet
-from master.ga import OFFSPRING, GenerationSummary, GeneticAlgorithm, Genome
-from master.rundir import GenerationRecord, RunDirectory
+from master.algorithms.es import ESSummary, EvolutionStrategy
+from master.algorithms.ga import OFFSPRING, GenerationSummary, GeneticAlgorithm, Genome
+from master.fleet.scheduler import Fleet
+from master.run.checkpoint import save_checkpoint, save_sidecar
+from master.run.rundir import GenerationRecord, RunDirectory
 from neuro.v1 import evolution_pb2 as pb
 
 log = logging.getLogger(__name__)

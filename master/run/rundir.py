@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-GENOME_FORMAT = "neuro.genome/1"
+from neuro.runfiles import BEST_GENOME, CONFIG, ELITE_GENOME, METRICS
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,10 @@ class RunDirectory:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self.config_path = self.path / "config.json"
-        self.metrics_path = self.path / "metrics.jsonl"
-        self.best_genome_path = self.path / "best_genome.json"
-        self.elite_genome_path = self.path / "elite_genome.json"
+        self.config_path = self.path / CONFIG
+        self.metrics_path = self.path / METRICS
+        self.best_genome_path = self.path / BEST_GENOME
+        self.elite_genome_path = self.path / ELITE_GENOME
         self._best_score = -math.inf
         if self.best_genome_path.exists():  # a resumed run keeps its best so far
             score = json.loads(self.best_genome_path.read_text()).get("elite_score")

@@ -14,11 +14,10 @@ from typing import Any
 import grpc
 from google.protobuf.descriptor import FieldDescriptor
 
-from master.auth import METADATA_KEY, TOKEN_ENV, load_token
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
+from neuro.wire import DEFAULT_MASTER, TOKEN_ENV, bearer_metadata, load_token, open_channel
 
-DEFAULT_MASTER = "127.0.0.1:8080"
 DEFAULT_TIMEOUT_S = 10.0
 EXIT_UNREACHABLE = 1
 EXIT_USAGE = 2
@@ -89,14 +88,9 @@ def fetch_status(
 ) -> pb.StatusResponse:
     """One Status call with a deadline; StatusError (naming `address`) if it fails."""
     options = [("grpc.max_receive_message_length", _MAX_RESPONSE_BYTES)]
-    if root_certificates is not None:
-        credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-        channel = grpc.secure_channel(address, credentials, options=options)
-    else:
-        channel = grpc.insecure_channel(address, options=options)
-    # Metadata on the one call rather than call credentials, which gRPC refuses on plaintext
-    # channels: a master on loopback may run without TLS.
-    metadata = ((METADATA_KEY, f"Bearer {token}"),) if token is not None else None
+    channel = open_channel(address, None, root_certificates, options)
+    # Metadata on the one call: the channel carries no interceptor, so it closes cleanly.
+    metadata = bearer_metadata(token)
     try:
         with channel:
             stub = pb_grpc.EvolutionStub(channel)

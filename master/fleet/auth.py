@@ -9,53 +9,18 @@ the token, or what a caller sent in its place, into a message or a log line.
 from __future__ import annotations
 
 import hmac
-import ipaddress
-import os
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2
 
-TOKEN_ENV = "NEURO_TOKEN"
-METADATA_KEY = "authorization"
+from neuro.wire import METADATA_KEY, TOKEN_ENV, is_loopback, load_token
+
+__all__ = ["TOKEN_ENV", "TokenInterceptor", "is_loopback", "load_token"]
+
 OPEN_PREFIX = "/" + health_pb2.DESCRIPTOR.services_by_name["Health"].full_name + "/"
 REFUSAL = "missing or invalid token"
 """The same words for every refusal: whether a token was sent or how close it was stays hidden."""
-
-
-def load_token(path: str | None, env_var: str = TOKEN_ENV) -> str | None:
-    """The token from `path` if given, else from `env_var`; None if neither is set."""
-    if path:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            reason = getattr(error, "strerror", None) or type(error).__name__
-            raise ValueError(f"cannot read token file {path}: {reason}") from None
-        source = f"token file {path}"
-    else:
-        text = os.environ.get(env_var)
-        if text is None:
-            return None
-        source = f"environment variable {env_var}"
-    token = text.strip()
-    if not token:
-        raise ValueError(f"{source} is empty")
-    # gRPC metadata values are printable ASCII; a space would also break the Bearer scheme.
-    if not all("!" <= c <= "~" for c in token):
-        raise ValueError(f"{source}: the token must be printable ASCII without spaces")
-    return token
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (as given to --host) only accepts connections from this machine."""
-    host = host.strip().strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it could resolve anywhere
 
 
 async def _refuse(request: object, context: grpc.aio.ServicerContext) -> None:

@@ -16,29 +16,29 @@ from typing import Any, TextIO
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from master.auth import TokenInterceptor
-from master.checkpoint import load_sidecar
+from master.algorithms.es import ESState, EvolutionStrategy
+from master.algorithms.ga import GAState, GeneticAlgorithm
 from master.config import RunConfig
-from master.es import ESState, EvolutionStrategy
-from master.fleet import Fleet, FleetSettings
-from master.ga import GAState, GeneticAlgorithm
-from master.local_workers import LocalWorkers
-from master.progress import ProgressObserver, notice_stream
-from master.rundir import GenerationRecord, RunDirectory
-from master.s3_mirror import FINAL_SYNC_TIMEOUT_S, MirrorLoop, RunDirMirror, status_document
-from master.service import (
+from master.fleet.auth import TokenInterceptor
+from master.fleet.scheduler import Fleet, FleetSettings
+from master.fleet.service import (
     MAX_REQUEST_BYTES,
     EvolutionService,
     ParameterStore,
     TaskTemplate,
     add_to_server,
 )
-from master.tensorboard_log import TensorBoardObserver
-from master.training import Budget, Observer, Trainer
+from master.observe.progress import ProgressObserver, notice_stream
+from master.observe.tensorboard import TensorBoardObserver
+from master.run.checkpoint import load_sidecar
+from master.run.local_workers import LocalWorkers
+from master.run.rundir import GenerationRecord, RunDirectory
+from master.run.s3_mirror import FINAL_SYNC_TIMEOUT_S, MirrorLoop, RunDirMirror, status_document
+from master.run.trainer import Budget, Observer, Trainer
 from neuro.v1 import evolution_pb2 as pb
+from neuro.wire import SERVICE_NAME
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = "neuro.v1.Evolution"
 SHUTDOWN_GRACE_S = 5.0
 
 
@@ -68,10 +68,10 @@ def build_es(config: RunConfig, run_dir: Path, resume: dict[str, Any] | None) ->
     """The ES of a run: theta initialised like a GA genome's first seed, or resumed."""
     import numpy as np
 
-    from worker.decode import decode_genome
-    from worker.envs import make_env
-    from worker.layout import init_scale, parameter_layout
-    from worker.noise import NoiseTableSpec, load_noise_table
+    from neuro.decode import decode_genome
+    from neuro.envs.make import make_env
+    from neuro.layout import init_scale, parameter_layout
+    from neuro.noise import NoiseTableSpec, load_noise_table
 
     assert config.es is not None
     table = load_noise_table(NoiseTableSpec(config.noise_table_seed, config.noise_table_size))
@@ -126,7 +126,7 @@ async def start_master(
 
     `options` are gRPC channel arguments for the server (e.g. ("grpc.so_reuseport", 0)).
     `resume` is a checkpoint payload (see resume_config): the run continues where it stopped.
-    `token`: every call but the health check must carry it (master.auth). `tls`: (certificate
+    `token`: every call but the health check must carry it (master.fleet.auth). `tls`: (certificate
     chain, private key) PEM; the port then speaks only TLS.
     """
     fleet = Fleet(
@@ -215,7 +215,7 @@ async def run_master(
     continues it, and remote workers wait for the master meanwhile. With a `mirror`, the run
     dir and a status.json go to S3 after each checkpoint, every `s3_sync_seconds` and once
     at the end, in the background. With a `metrics_port`, Prometheus /metrics is served on
-    metrics_host:metrics_port (master.metrics_http).
+    metrics_host:metrics_port (master.observe.prometheus).
     """
     master = await start_master(
         config,
@@ -230,7 +230,7 @@ async def run_master(
     )
     metrics = None
     if metrics_port is not None:
-        from master.metrics_http import start_metrics_server
+        from master.observe.prometheus import start_metrics_server
 
         try:
             metrics = start_metrics_server(master.trainer, metrics_host, metrics_port)

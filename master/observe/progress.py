@@ -23,14 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from master.ga import OFFSPRING
-from master.rundir import GenerationRecord
-from master.training import Observer
+from master.algorithms.ga import OFFSPRING
+from master.run.rundir import GenerationRecord
+from master.run.trainer import Observer
 
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-    from master.training import Trainer
+    from master.run.trainer import Trainer
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from prometheus_client.core import (
     Metric,
 )
 
-from master.rundir import GenerationRecord
-from master.service import with_worker_status
+from master.fleet.service import with_worker_status
+from master.run.rundir import GenerationRecord
 from neuro.v1 import evolution_pb2 as pb
 
 if TYPE_CHECKING:
-    from master.training import Trainer
+    from master.run.trainer import Trainer
 
 SCRAPE_TIMEOUT_S = 5.0
 """How long a scrape waits for the event loop; a loop stuck longer fails the scrape."""

@@ -31,7 +31,7 @@ def save_sidecar(run_dir: Path, generation: int, array: np.ndarray) -> dict[str,
 
     Kept: this generation's and the one before (the previous checkpoint may name it).
     """
-    from master.rundir import write_array_atomic
+    from master.run.rundir import write_array_atomic
 
     name = f"{SIDECAR_PREFIX}{generation}.npy"
     sha256 = write_array_atomic(run_dir / name, array)

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from master.ga import OFFSPRING, EvaluationRequest
-from worker.noise import noise_offset
+from master.algorithms.ga import OFFSPRING, EvaluationRequest
+from neuro.noise import noise_offset
 
 NOISE_INDEX_BOUND = 2**32
 THETA = "theta"

@@ -12,17 +12,18 @@ from typing import Any, NamedTuple
 import grpc
 from google.protobuf.message import DecodeError
 
-from master.es import Parameters, Perturbation
-from master.fleet import Fleet, TaskOutcome, WorkerStats
-from master.leases import Disposition, PhaseTask
+from master.algorithms.es import Parameters, Perturbation
+from master.fleet.leases import Disposition, PhaseTask
+from master.fleet.scheduler import Fleet, TaskOutcome, WorkerStats
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
+from neuro.wire import MAX_MESSAGE_BYTES
 
 MAX_TASKS_PER_LEASE = 256
 MAX_ID_LENGTH = 256
 MAX_EPISODE_FRAMES = 2**32 - 1
 """Far above any real episode; keeps cumulative frame counts inside Status's uint64."""
-MAX_REQUEST_BYTES = 4 * 1024 * 1024
+MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES
 """The server's receive limit (grpc's default); a larger request gets RESOURCE_EXHAUSTED."""
 PARAMETER_CHUNK_BYTES = 2**20
 """FetchParameters streams a version in pieces this big, well under any message limit."""

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from master.checkpoint import CURRENT, PREVIOUS
-from master.rundir import write_bytes_atomic
+from master.run.checkpoint import CURRENT, PREVIOUS
+from master.run.rundir import write_bytes_atomic
+from neuro.runfiles import BEST_GENOME, CONFIG, ELITE_GENOME, METRICS
 
 log = logging.getLogger(__name__)
 
-DATA_FILES = ("config.json", "metrics.jsonl", "best_genome.json", "elite_genome.json")
+DATA_FILES = (CONFIG, METRICS, BEST_GENOME, ELITE_GENOME)
 CHECKPOINT_FILES = (PREVIOUS, CURRENT)
 """Uploaded after the data files and restored last, the current checkpoint the very last."""
 STATUS_FILE = "status.json"

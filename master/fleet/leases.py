@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from master.ga import Genome
+from master.algorithms.ga import Genome
 
 
 class Disposition(enum.Enum):

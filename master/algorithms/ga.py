@@ -9,36 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from master.es import Perturbation
+from neuro.genome import SEED_BOUND, Genome
 
-SEED_BOUND = 2**32
+if TYPE_CHECKING:
+    from master.algorithms.es import Perturbation
+
 OFFSPRING = "offspring"
 ELITE = "elite"
-
-
-@dataclass(frozen=True)
-class Genome:
-    """A policy as integers: seeds[0] builds the initial parameters, each later seed mutates."""
-
-    seeds: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if not self.seeds:
-            raise ValueError("a genome needs at least one seed, got none")
-        for seed in self.seeds:
-            if not 0 <= seed < SEED_BOUND:
-                raise ValueError(f"genome seed {seed!r} is outside [0, 2**32)")
-
-    def child(self, seed: int) -> Genome:
-        """This genome with one more mutation."""
-        if not 0 <= seed < SEED_BOUND:
-            raise ValueError(f"genome seed {seed!r} is outside [0, 2**32)")
-        # The parent's seeds were checked when it was made. A genome grows by one seed per
-        # generation, so checking them all again would cost O(generation) per child.
-        child = object.__new__(Genome)
-        object.__setattr__(child, "seeds", (*self.seeds, seed))
-        return child
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,11 @@ log = logging.getLogger(__name__)
 
 # Values per randn call: keeps the float64 scratch at 32 MB instead of 2 GB for the full table.
 CHUNK = 2**22
+DEFAULT_SEED = 123
+PAPER_NOISE_TABLE_SIZE = 250_000_000
+"""The paper's table: 1 GB of float32, shared per host."""
+SMALL_NOISE_TABLE_SIZE = 2**24
+"""Enough for small networks (64 MB), built in a second."""
 _DTYPE = np.dtype("<f4")
 
 _memo: dict[Path, np.ndarray] = {}
@@ -27,8 +32,8 @@ _memo_lock = threading.Lock()
 class NoiseTableSpec:
     """Identifies a noise table: RandomState(seed).randn(size) as float32."""
 
-    seed: int = 123
-    size: int = 250_000_000
+    seed: int = DEFAULT_SEED
+    size: int = PAPER_NOISE_TABLE_SIZE
 
     def __post_init__(self) -> None:
         if not 0 <= self.seed < 2**32:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-METRICS = "metrics.jsonl"
-CONFIG = "config.json"
+from neuro.runfiles import CONFIG, METRICS
+
 SCORE_VS_FRAMES = "score_vs_frames.png"
 SCORE_VS_TIME = "score_vs_time.png"
 THROUGHPUT = "throughput.png"

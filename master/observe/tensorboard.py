@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
-from master.progress import GenerationStats, Mark, RateTracker
-from master.rundir import GenerationRecord
-from master.training import Observer
+from master.observe.progress import GenerationStats, Mark, RateTracker
+from master.run.rundir import GenerationRecord
+from master.run.trainer import Observer
 
 if TYPE_CHECKING:
-    from master.training import Trainer
+    from master.run.trainer import Trainer
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
-from neuro.envs import register_envs
+from neuro.envs import ENTRY_POINT_PREFIX, register_envs
 
 PAPER = "paper"
 REGISTERED = "registered"
+ATARI_DYNAMICS = (PAPER, REGISTERED)
 PAPER_FRAME_SKIP = 4
 PAPER_NOOP_MAX = 30
 SCREEN_SIZE = 84
@@ -50,6 +51,30 @@ def register_atari() -> None:
     import ale_py
 
     gym.register_envs(ale_py)
+
+
+@dataclass(frozen=True)
+class EnvKind:
+    """What the master knows of an env id without building it."""
+
+    env_id: str
+    atari: bool
+    reward_threshold: float | None
+    deterministic: bool = False
+    """The return depends on the policy alone (neuro's toy tasks): one elite episode is enough."""
+
+
+def inspect_env_id(env_id: str) -> EnvKind:
+    """Resolves an id through gymnasium's registry (with ale-py's and neuro's ids registered)."""
+    register_atari()
+    register_envs(env_id)
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as error:
+        raise ValueError(f"unknown env id {env_id!r}: {error}") from None
+    atari = str(spec.entry_point).startswith("ale_py")
+    deterministic = str(spec.entry_point).startswith(ENTRY_POINT_PREFIX)
+    return EnvKind(env_id, atari, spec.reward_threshold, deterministic)
 
 
 def is_atari(env_id: str) -> bool:

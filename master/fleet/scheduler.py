@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from master.ga import EvaluationRequest
-from master.leases import Disposition, LeaseCounters, LeaseTable, PhaseTask
+from master.algorithms.ga import EvaluationRequest
+from master.fleet.leases import Disposition, LeaseCounters, LeaseTable, PhaseTask
 
 WORKER_SEEN_WINDOW_S = 60.0
 RATE_WINDOW_S = 60.0

@@ -16,24 +16,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worker.noise import noise_offset
-from worker.shared_store import SharedVectorStore
+from neuro.genome import check_seeds as _check_seeds
+from neuro.noise import noise_offset
+from neuro.shared_store import SharedVectorStore
 
-SEED_LIMIT = 2**32
 # How far back a miss looks for a cached ancestor before decoding from scratch.
 MAX_ANCESTOR_DEPTH = 8
 # Evicted vectors kept for reuse.
 MAX_SPARES = 2
-
-
-def _check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
-    key = tuple(int(s) for s in seeds)
-    if not key:
-        raise ValueError(f"genome must have at least one seed, got {list(seeds)}")
-    for s in key:
-        if not 0 <= s < SEED_LIMIT:
-            raise ValueError(f"genome seed {s} is outside [0, 2**32)")
-    return key
 
 
 def _check_mutation_power(mutation_power: float) -> np.float32:

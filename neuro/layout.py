@@ -1,4 +1,4 @@
-"""A policy's flat parameter layout and init scale without torch, for the ES master."""
+"""A policy's flat parameter layout, network constants and init scale, without torch."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
+ARCHITECTURES = ("deepga", "nature", "mlp")
 ATARI_SHAPE = (4, 84, 84)
 DEFAULT_MLP_HIDDEN = (64, 64)
-# (out_channels, kernel, stride) of the Atari convs and the dense width: as worker.policies.
-_ATARI_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
-_ATARI_HIDDEN = 512
-_HIDDEN_STD = 1.0
-_OUTPUT_STD = 0.1
+ATARI_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+"""(out_channels, kernel, stride) of the three conv layers shared by both Atari networks."""
+ATARI_HIDDEN = 512
+HIDDEN_STD = 1.0
+"""Init std of hidden weights, divided by sqrt(fan_in)."""
+OUTPUT_STD = 0.1
+"""Init std of the output layer's weights, divided by sqrt(fan_in)."""
 
 Layout = list[tuple[str, tuple[int, ...]]]
 
@@ -34,14 +37,14 @@ def parameter_layout(
         raise ValueError(f"unknown architecture {architecture!r}")
     channels, size = ATARI_SHAPE[0], ATARI_SHAPE[1]
     layout = []
-    for i, (out_channels, kernel, stride) in enumerate(_ATARI_CONVS, start=1):
+    for i, (out_channels, kernel, stride) in enumerate(ATARI_CONVS, start=1):
         # deepga pads SAME (TensorFlow's), nature pads nothing.
         size = -(-size // stride) if architecture == "deepga" else (size - kernel) // stride + 1
         layout += [(f"conv{i}.weight", (out_channels, channels, kernel, kernel)),
                    (f"conv{i}.bias", (out_channels,))]  # fmt: skip
         channels = out_channels
-    return [*layout, ("fc.weight", (_ATARI_HIDDEN, channels * size * size)),
-            ("fc.bias", (_ATARI_HIDDEN,)), ("out.weight", (n_outputs, _ATARI_HIDDEN)),
+    return [*layout, ("fc.weight", (ATARI_HIDDEN, channels * size * size)),
+            ("fc.bias", (ATARI_HIDDEN,)), ("out.weight", (n_outputs, ATARI_HIDDEN)),
             ("out.bias", (n_outputs,))]  # fmt: skip
 
 
@@ -51,7 +54,7 @@ def init_scale(layout: Layout) -> np.ndarray:
     for name, shape in layout:
         n = math.prod(shape)
         if name.endswith(".weight"):
-            std = _OUTPUT_STD if name.startswith("out.") else _HIDDEN_STD
+            std = OUTPUT_STD if name.startswith("out.") else HIDDEN_STD
             parts.append(np.full(n, np.float32(std / math.sqrt(math.prod(shape[1:]))), np.float32))
         else:
             parts.append(np.zeros(n, np.float32))

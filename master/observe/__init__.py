@@ -1,0 +1,1 @@
+"""What users look at: events, progress, TensorBoard, Prometheus, plots and `status`."""

@@ -1,0 +1,1 @@
+"""One run: the training loop, its run dir and checkpoints, the S3 mirror, start-up wiring."""
