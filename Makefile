@@ -11,7 +11,7 @@ WORKERS ?= 2
 # The default shows a population learning: its mean score climbs over 20 generations (~1 min).
 TRAIN_ARGS ?= --generations 20 --no-target
 
-.PHONY: install train test lint deploy-lint stubs clean
+.PHONY: install train test test-fast lint deploy-lint stubs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,13 +27,18 @@ install: $(VENV)/.installed
 train: install
 	$(BIN)/neuro-master --env $(ENV) --local-workers $(WORKERS) $(TRAIN_ARGS)
 
-test: install deploy-lint
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+test: lint deploy-lint
 	$(BIN)/python -m pytest -q
 
+# The inner loop: lint and every test not marked slow (about a minute on 2 cores).
+test-fast: lint
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# ruff, and the import rules of docs/architecture.md (import-linter contracts in pyproject.toml).
 lint: install
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 # Regenerates the gRPC stubs from proto/ (never edit neuro/v1/*_pb2*.py by hand).
 stubs: install
