@@ -117,7 +117,8 @@ def master_process(conn, settings: Settings) -> None:
                     await training
                 await master.stop(0)
             trainer = master.trainer
-            conn.send(("done", {"generations": trainer.ga.generation, "frames": trainer.frames}))
+            generations = trainer.algorithm.generation
+            conn.send(("done", {"generations": generations, "frames": trainer.frames}))
 
     asyncio.run(main())
 

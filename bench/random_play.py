@@ -26,17 +26,14 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
 
     from neuro.envs.make import make_env
-    from worker.rollout import run_episode
+    from worker.rollout import FunctionActor, play
 
     handle = make_env(args.env)
     rng = np.random.default_rng(args.seed)
     n_actions = handle.env.action_space.n
-    scores = []
-    for episode in range(args.episodes):
-        seed = args.seed if episode == 0 else None
-        result = run_episode(lambda _: int(rng.integers(n_actions)), handle,
-                             args.max_episode_steps, seed)  # fmt: skip
-        scores.append(result.total_reward)
+    actor = FunctionActor(lambda _: int(rng.integers(n_actions)))
+    episodes = play(actor, handle, args.episodes, args.max_episode_steps, args.seed)
+    scores = [episode.total_reward for episode in episodes]
     summary = {
         "env": args.env,
         "episodes": args.episodes,

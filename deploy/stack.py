@@ -6,6 +6,7 @@ Every function takes a `Session`-made client set so tests can point boto3 at a l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -383,19 +384,39 @@ def fetch_run(clients: Clients, info: StackInfo, destination: Path) -> list[tupl
     for page in clients.s3.get_paginator("list_objects_v2").paginate(
         Bucket=bucket, Prefix=f"{prefix}/" if prefix else ""
     ):
-        listed.extend(page.get("Contents", []))
+        # Zero-byte folder markers (the S3 console's "Create folder") are no files: each
+        # folder comes with the files in it.
+        listed.extend(
+            item
+            for item in page.get("Contents", [])
+            if not (item["Key"].endswith("/") and item["Size"] == 0)
+        )
     if not listed:
         raise DeployError(f"nothing under {uri} yet: the master uploads after its first generation")
     fetched = []
     for item in listed:
+        if item["Key"].endswith("/"):
+            # Not a marker (it has content), and no file can take its name: refused, not dropped.
+            raise DeployError(
+                f"{item['Key']!r} under {uri} ends in '/' but holds {item['Size']} bytes: "
+                "no file can have that name; rename or delete it in S3"
+            )
         relative = item["Key"][len(prefix) :].lstrip("/") if prefix else item["Key"]
         target = (destination / relative).resolve()
         if destination.resolve() not in target.parents:
             raise DeployError(f"refusing to write {item['Key']!r} outside {destination}")
-        target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
-        clients.s3.download_file(bucket, item["Key"], str(partial))
-        partial.replace(target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            clients.s3.download_file(bucket, item["Key"], str(partial))
+            partial.replace(target)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+            # E.g. a key `a` and a key `a/b`: one name cannot be a file and a folder.
+            raise DeployError(
+                f"cannot write {item['Key']!r} to {target}: {error.strerror or error}"
+            ) from None
         fetched.append((target, item["Size"]))
     return fetched
 

@@ -3,16 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
+import dataclasses
+import functools
+import inspect
+import itertools
 import logging
 import math
 import os
 import sys
+import textwrap
 import time
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from master.config import ALGORITHMS, ARCHITECTURES, ATARI_DYNAMICS, inspect_env_id, preset
+from master.algorithms.es import ESConfig
+from master.algorithms.ga import GAConfig
+from master.config import (
+    ALGORITHMS,
+    ARCHITECTURES,
+    ATARI_DYNAMICS,
+    RunConfig,
+    inspect_env_id,
+    preset,
+)
 
 if TYPE_CHECKING:
     from master.run.s3_mirror import RunDirMirror
@@ -61,6 +79,118 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="neuro-master status --master HOST:PORT shows where a running master stands "
         "(neuro-master status --help).",
     )
+    _add_serving_flags(p)
+    p.add_argument(
+        "--algo",
+        choices=ALGORITHMS,
+        dest="algorithm",
+        help="ga (default): the Deep GA; es: Evolution Strategies on the same fleet (a resumed "
+        "run keeps its own)",
+    )
+    groups = {None: p}
+    for setting in _settings():
+        if setting.group not in groups:
+            groups[setting.group] = p.add_argument_group(setting.group)
+        groups[setting.group].add_argument(setting.flag, dest=setting.name, **setting.options)
+    groups[_BUDGET].add_argument(
+        "--no-target",
+        action="store_true",
+        help="never stop at a target score; run the other budgets out",
+    )
+    groups[_FLEET].add_argument(
+        "--worker-arg",
+        action="append",
+        default=[],
+        help="extra argument for local workers (repeatable)",
+    )
+    _add_s3_flags(p)
+    _add_monitoring_flags(p)
+    _add_security_flags(p)
+    return p
+
+
+_BUDGET = "budget (the run stops at the first one reached)"
+_FLEET = "fleet"
+# Which config fields become flags, in which help group and order. GAConfig and ESConfig give all
+# their fields (the GA first: its --seed is the ES's too); a RunConfig field no group names lands
+# among the general options, so a new field is a flag at once.
+_GROUPS: tuple[tuple[str, type, tuple[str, ...] | None], ...] = (
+    (_BUDGET, RunConfig, ("generations", "frames", "target_score")),
+    ("genetic algorithm (defaults: the paper's for Atari)", GAConfig, None),
+    ("evolution strategies (--algo es)", ESConfig, None),
+    ("policy and env", RunConfig, ("architecture", "hidden_sizes", "atari_dynamics",
+                                   "max_episode_steps", "noise_table_size", "noise_table_seed")),
+    (_FLEET, RunConfig, ("lease_seconds", "max_task_attempts", "episodes_per_task")),
+)  # fmt: skip
+# Fields that are no flag: set from --env or by the run itself, the algorithm sections, and the
+# Adam moments, which the paper's settings never change.
+_NOT_FLAGS = frozenset({"env_id", "atari", "ga", "es", "run_id", "beta1", "beta2"})
+# Flag names kept from before the flags were generated, so scripts and templates keep working.
+_FLAG_NAMES = {"population_size": "--population", "architecture": "--policy",
+               "hidden_sizes": "--hidden"}  # fmt: skip
+_TYPES: dict[str, Callable[[str], Any]] = {"hidden_sizes": _hidden_sizes}
+_CHOICES = {"architecture": ARCHITECTURES, "atari_dynamics": ATARI_DYNAMICS}
+_SECTIONS = {GAConfig: "ga", ESConfig: "es"}
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """A config field as a flag: its default None means "not given", so presets apply."""
+
+    name: str
+    flag: str
+    group: str | None
+    section: str | None
+    """The RunConfig field that holds it ("ga", "es"), or None for RunConfig's own."""
+    options: dict[str, Any]
+
+
+@functools.cache
+def _settings() -> tuple[_Setting, ...]:
+    """Every run setting the command line may give, generated from the config dataclasses."""
+    settings: dict[str, _Setting] = {}
+    grouped = {name for _, _, names in _GROUPS for name in names or ()}
+    leftover = tuple(f.name for f in dataclasses.fields(RunConfig)
+                     if f.name not in grouped | _NOT_FLAGS)  # fmt: skip
+    for group, cls, names in (*_GROUPS, (None, RunConfig, leftover)):
+        docs, hints = _field_docs(cls), typing.get_type_hints(cls)
+        for name in names or [f.name for f in dataclasses.fields(cls)]:
+            if name in settings or name in _NOT_FLAGS:
+                continue  # the ES's seed is the GA's --seed
+            # argparse formats help with %: a literal one in a docstring must be doubled.
+            help_text = docs.get(name, "").replace("%", "%%") or None
+            options: dict[str, Any] = {"type": _TYPES.get(name) or _scalar(hints[name]),
+                                       "help": help_text}  # fmt: skip
+            if name in _CHOICES:
+                options["choices"] = _CHOICES[name]
+            flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+            settings[name] = _Setting(name, flag, group, _SECTIONS.get(cls), options)
+    return tuple(settings.values())
+
+
+def _scalar(hint: Any) -> type:
+    """The flag type of a field annotated T or T | None."""
+    types = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
+    if len(types) != 1 or types[0] not in (int, float, str):
+        raise TypeError(f"no flag type for {hint!r}: add it to _TYPES")
+    return types[0]
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstrings under a dataclass's fields (the string right after each annotation)."""
+    (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    assert isinstance(node, ast.ClassDef)
+    docs = {}
+    for field, doc in itertools.pairwise(node.body):
+        if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+                and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+                and isinstance(doc.value.value, str)):  # fmt: skip
+            docs[field.target.id] = " ".join(doc.value.value.split())
+    return docs
+
+
+def _add_serving_flags(p: argparse.ArgumentParser) -> None:
+    """Where the master listens, writes and what it starts beside itself."""
     p.add_argument(
         "--env",
         default=os.environ.get("NEURO_ENV"),
@@ -79,97 +209,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=int(os.environ.get("NEURO_PORT", "8080")),
         help="gRPC port (default %(default)s; 0 picks a free one)",
     )
-    p.add_argument(
-        "--local-workers",
-        type=int,
-        default=0,
-        metavar="W",
-        help="also start W worker processes on this machine",
-    )
+    p.add_argument("--local-workers", type=int, default=0, metavar="W",
+                   help="also start W worker processes on this machine")  # fmt: skip
     p.add_argument(
         "--run-dir",
         default=os.environ.get("NEURO_RUN_DIR"),
         help="where metrics and genomes go (default runs/ENV-TIMESTAMP)",
     )
-    budget = p.add_argument_group("budget (the run stops at the first one reached)")
-    budget.add_argument("--generations", type=int)
-    budget.add_argument("--frames", type=int, help="emulator frames (4 per Atari step)")
-    budget.add_argument(
-        "--target-score",
-        type=float,
-        help="stop once the elite's re-evaluated mean reaches this "
-        "(default: the env's reward threshold, if it has one)",
-    )
-    budget.add_argument(
-        "--no-target",
-        action="store_true",
-        help="never stop at a target score; run the other budgets out",
-    )
-    p.add_argument(
-        "--algo",
-        choices=ALGORITHMS,
-        dest="algorithm",
-        help="ga (default): the Deep GA; es: Evolution Strategies on the same fleet (a resumed "
-        "run keeps its own)",
-    )
-    es = p.add_argument_group("evolution strategies (--algo es)")
-    es.add_argument("--pairs", type=int, help="antithetic pairs per update")
-    es.add_argument("--sigma", type=float, help="parameter noise standard deviation")
-    es.add_argument("--learning-rate", type=float, help="Adam step size")
-    es.add_argument("--weight-decay", type=float, help="L2 coefficient")
-    es.add_argument(
-        "--eval-episodes", type=int, help="episodes of the unperturbed parameters per update"
-    )
-    ga = p.add_argument_group("genetic algorithm (defaults: the paper's for Atari)")
-    ga.add_argument("--population", type=int, dest="population_size")
-    ga.add_argument("--truncation", type=int, help="parents per generation; 0 = random search")
-    ga.add_argument("--mutation-power", type=float)
-    ga.add_argument("--elite-candidates", type=int)
-    ga.add_argument("--elite-episodes", type=int)
-    ga.add_argument("--seed", type=int, help="seeds the whole run (default 0)")
-    policy = p.add_argument_group("policy and env")
-    policy.add_argument(
-        "--policy",
-        choices=ARCHITECTURES,
-        dest="architecture",
-        help="deepga (paper, 4M params), nature (1.7M), mlp (vector observations)",
-    )
-    policy.add_argument(
-        "--hidden", type=_hidden_sizes, dest="hidden_sizes", help="mlp sizes, e.g. 64,64"
-    )
-    policy.add_argument(
-        "--atari-dynamics",
-        choices=ATARI_DYNAMICS,
-        help="paper (default): the paper's protocol; registered: the env's own",
-    )
-    policy.add_argument(
-        "--max-episode-steps",
-        type=int,
-        help="agent steps per training episode (Atari default 5000; 0 = env's own)",
-    )
-    policy.add_argument("--noise-table-size", type=int)
-    policy.add_argument("--noise-table-seed", type=int)
-    fleet = p.add_argument_group("fleet")
-    fleet.add_argument("--lease-seconds", type=float, help="a lease lapses after this (default 60)")
-    fleet.add_argument(
-        "--max-task-attempts",
-        type=int,
-        help="failures before an evaluation is recorded as failed (default 5)",
-    )
-    fleet.add_argument("--episodes-per-task", type=int)
     p.add_argument(
         "--checkpoint-seconds",
         type=float,
         default=30.0,
         help="checkpoint this often within a generation (and after each one)",
     )
-    fleet.add_argument(
-        "--worker-arg",
-        action="append",
-        default=[],
-        help="extra argument for local workers (repeatable)",
-    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stdout")
+
+
+def _add_s3_flags(p: argparse.ArgumentParser) -> None:
     s3 = p.add_argument_group("S3 mirror (needs pip install 'neuro[aws]')")
     s3.add_argument(
         "--s3-uri",
@@ -186,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also sync this often, besides after each checkpoint (default 60; env "
         "NEURO_S3_SYNC_SECONDS)",
     )
+
+
+def _add_monitoring_flags(p: argparse.ArgumentParser) -> None:
     monitoring = p.add_argument_group("monitoring")
     monitoring.add_argument(
         "--metrics-port",
@@ -202,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
         "%(default)s). It has no token: serving it beyond loopback shows the run's figures "
         "and worker ids to anyone who reaches the port",
     )
+
+
+def _add_security_flags(p: argparse.ArgumentParser) -> None:
     security = p.add_argument_group("security (see README: Security)")
     # The token itself is never a flag: argv is visible to every user of the host in ps.
     security.add_argument(
@@ -218,21 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow a non-loopback --host without a token (anyone who reaches the port can "
         "lease and report)",
     )
-    return p
 
 
-GA_FLAGS = ("population_size", "truncation", "mutation_power", "elite_candidates", "elite_episodes",
-            "seed")  # fmt: skip
-ES_FLAGS = ("pairs", "sigma", "learning_rate", "weight_decay", "eval_episodes")
-RUN_FLAGS = ("generations", "frames", "target_score", "architecture", "hidden_sizes",
-             "atari_dynamics", "max_episode_steps", "noise_table_size", "noise_table_seed",
-             "lease_seconds", "max_task_attempts", "episodes_per_task")  # fmt: skip
-
-
-def _setting(config, name: str):
-    if name in ES_FLAGS:
-        return getattr(config.es, name, None)
-    return getattr(config.ga, name) if hasattr(config.ga, name) else getattr(config, name)
+def _setting(config: RunConfig, setting: _Setting) -> Any:
+    """A run setting's value in a config, None where its section is absent (ES on a GA run)."""
+    section = getattr(config, setting.section) if setting.section else config
+    return getattr(section, setting.name, None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,66 +302,95 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(
         args.run_dir or f"runs/{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    from master.observe.progress import notice_stream
-    from master.run.checkpoint import CheckpointError, load_checkpoint
-    from master.run.start import resume_config, run_master
-
     mirror = None
     if args.s3_uri is not None:
         mirror = _s3_mirror(parser, args.s3_uri)
         # Before resume-or-new: a replacement machine continues the run S3 holds.
         if not _restore(mirror, run_dir):
             return 1
-    flags = GA_FLAGS + ES_FLAGS + RUN_FLAGS
-    overrides = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
+    config, resume = _resolve_config(parser, args, run_dir)
+    token, tls = _security(parser, args)
+    return _serve(args, config, run_dir, resume, mirror, token, tls)
+
+
+def _resolve_config(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, run_dir: Path
+) -> tuple[RunConfig, dict[str, Any] | None]:
+    """The run's config and the checkpoint it resumes from (None: a new run), or exit 2."""
+    from master.run.checkpoint import CheckpointError, load_checkpoint
+
+    settings = {s.name: s for s in _settings()}
+    overrides = {k: getattr(args, k) for k in settings if getattr(args, k) is not None}
     if args.no_target:
         overrides["target_score"] = None
     try:
         # A run dir with a checkpoint is continued, never overwritten.
         resume = load_checkpoint(run_dir) if run_dir.exists() else None
-        if resume is not None:
-            budget = {k: overrides.pop(k) for k in ("generations", "frames", "target_score")
-                      if k in overrides}  # fmt: skip
-            saved = resume_config(resume)
-            changed = sorted(k for k, v in overrides.items() if _setting(saved, k) != v)
-            if changed:
-                raise ValueError(
-                    f"{run_dir} holds a checkpoint and resumes with its own settings; "
-                    f"only the budget may change, not {changed}"
-                )
-            config = resume_config(resume, **budget)
-            if args.algorithm not in (None, config.algorithm):
-                raise ValueError(f"{run_dir} is a {config.algorithm} run, not {args.algorithm}")
-            if config.env_id != args.env:
-                raise ValueError(f"{run_dir} is a run on {config.env_id}, not {args.env}")
-            print(f"neuro master: resuming {run_dir} at generation {resume['ga']['generation']}",
-                  file=notice_stream(sys.stdout))  # fmt: skip
-        else:
-            config = preset(inspect_env_id(args.env), algorithm=args.algorithm or "ga", **overrides)
+        if resume is None:
+            kind = inspect_env_id(args.env)
+            return preset(kind, algorithm=args.algorithm or "ga", **overrides), None
+        return _resumed_config(args, run_dir, resume, overrides, settings), resume
     except (ValueError, TypeError, CheckpointError) as error:
         parser.error(str(error))
-    token, tls = _security(parser, args)
 
-    try:
-        asyncio.run(
-            run_master(
-                config,
-                run_dir,
-                args.host,
-                args.port,
-                local_workers=args.local_workers,
-                worker_args=(*args.worker_arg, "--give-up-after", "30"),
-                out=None if args.quiet else sys.stdout,
-                resume=resume,
-                checkpoint_seconds=args.checkpoint_seconds,
-                token=token,
-                tls=tls,
-                mirror=mirror,
-                s3_sync_seconds=args.s3_sync_seconds,
-                metrics_host=args.metrics_host,
-                metrics_port=args.metrics_port,
-            )
+
+def _resumed_config(
+    args: argparse.Namespace,
+    run_dir: Path,
+    resume: dict[str, Any],
+    overrides: dict[str, Any],
+    settings: dict[str, _Setting],
+) -> RunConfig:
+    """The checkpoint's config with a new budget; ValueError if any other flag changes it."""
+    from master.observe.progress import notice_stream
+    from master.run.checkpoint import algorithm_section
+    from master.run.start import resume_config
+
+    budget = {k: overrides.pop(k) for k in ("generations", "frames", "target_score")
+              if k in overrides}  # fmt: skip
+    saved = resume_config(resume)
+    changed = sorted(k for k, v in overrides.items() if _setting(saved, settings[k]) != v)
+    if changed:
+        raise ValueError(
+            f"{run_dir} holds a checkpoint and resumes with its own settings; "
+            f"only the budget may change, not {changed}"
         )
+    config = resume_config(resume, **budget)
+    if args.algorithm not in (None, config.algorithm):
+        raise ValueError(f"{run_dir} is a {config.algorithm} run, not {args.algorithm}")
+    if config.env_id != args.env:
+        raise ValueError(f"{run_dir} is a run on {config.env_id}, not {args.env}")
+    generation = algorithm_section(resume)[1]["generation"]
+    print(f"neuro master: resuming {run_dir} at generation {generation}",
+          file=notice_stream(sys.stdout))  # fmt: skip
+    return config
+
+
+def _serve(
+    args: argparse.Namespace,
+    config: RunConfig,
+    run_dir: Path,
+    resume: dict[str, Any] | None,
+    mirror: RunDirMirror | None,
+    token: str | None,
+    tls: tuple[bytes, bytes] | None,
+) -> int:
+    """Runs the master to the end; 1 (said on stderr) if it could not listen or start."""
+    from master.run import start
+
+    serve = start.ServeOptions(args.host, args.port, token, tls)
+    options = start.RunOptions(
+        local_workers=args.local_workers,
+        worker_args=(*args.worker_arg, "--give-up-after", "30"),
+        out=None if args.quiet else sys.stdout,
+        checkpoint_seconds=args.checkpoint_seconds,
+        mirror=mirror,
+        s3_sync_seconds=args.s3_sync_seconds,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+    )
+    try:
+        asyncio.run(start.run_master(config, run_dir, serve, options, resume=resume))
     except (OSError, RuntimeError) as error:
         print(f"neuro-master: {error}", file=sys.stderr)
         return 1

@@ -7,17 +7,27 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from master.algorithms.es import ESConfig, Parameters
-from master.algorithms.ga import GAConfig, Genome
+from master.algorithms.base import Parameters
+from master.algorithms.es import ESConfig
+from master.algorithms.ga import GAConfig
+from master.algorithms.registry import ALGORITHMS
 from neuro.envs.make import ATARI_DYNAMICS, EnvKind, inspect_env_id
+from neuro.genome import Genome
 from neuro.layout import ARCHITECTURES
 from neuro.noise import PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
 from neuro.runfiles import GENOME_FORMAT
 
-__all__ = ["ARCHITECTURES", "ATARI_DYNAMICS", "EnvKind", "RunConfig", "inspect_env_id", "preset"]
+__all__ = [
+    "ALGORITHMS",
+    "ARCHITECTURES",
+    "ATARI_DYNAMICS",
+    "EnvKind",
+    "RunConfig",
+    "inspect_env_id",
+    "preset",
+]
 
 ATARI_TRAINING_EPISODE_STEPS = 5000
-ALGORITHMS = ("ga", "es")
 
 
 @dataclass(frozen=True)
@@ -28,19 +38,29 @@ class RunConfig:
     atari: bool
     ga: GAConfig
     architecture: str
+    """Policy network: deepga (paper, 4M params), nature (1.7M), mlp (vector observations)."""
     hidden_sizes: tuple[int, ...] = ()
+    """mlp hidden layer sizes, e.g. 64,64."""
     atari_dynamics: str = "paper"
-    """Atari only: "paper" (the paper's protocol) or "registered" (the env's own dynamics)."""
+    """Atari only: "paper" (default: the paper's protocol) or "registered" (the env's own)."""
     noise_table_seed: int = 123
+    """Seeds the noise table every worker builds."""
     noise_table_size: int = PAPER_NOISE_TABLE_SIZE
+    """Entries in the noise table every worker builds."""
     max_episode_steps: int = 0
-    """0: the env's own limit."""
+    """Agent steps per training episode (Atari preset: 5000); 0: the env's own limit."""
     generations: int | None = None
+    """Stop after this many generations."""
     frames: int | None = None
+    """Stop after this many emulator frames (4 per Atari step)."""
     target_score: float | None = None
+    """Stop once the elite's re-evaluated mean reaches this (preset: the env's reward threshold)."""
     lease_seconds: float = 60.0
+    """A lease lapses after this many seconds (default 60)."""
     max_task_attempts: int = 5
+    """Failures before an evaluation is recorded as failed (default 5)."""
     episodes_per_task: int = 1
+    """Episodes one task plays, so long re-evaluations spread over workers."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     es: ESConfig | None = None
     """Set: the run uses Evolution Strategies instead of the GA."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,6 +82,57 @@ class DecodeStats:
     """Ancestors found in the host's shared store (decoded by another worker)."""
 
 
+class CacheBudget:
+    """One byte bound for the caches of several decoders (one per sigma, table and network).
+
+    Room for a new vector is taken from the least recently used other decoder first (an old
+    sigma or network is least likely to be asked for again), then from the asking decoder's
+    own least recently used vectors.
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        if limit_bytes < 0:
+            raise ValueError(f"cache budget must be >= 0 bytes, got {limit_bytes}")
+        self.limit_bytes = limit_bytes
+        # Least recently used first; weak, so a dropped decoder stops counting.
+        self._users: OrderedDict[int, weakref.ref[GenomeDecoder]] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return (
+            f"CacheBudget(used={self.used_bytes}/{self.limit_bytes}, decoders={len(self._live())})"
+        )
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes cached by all live decoders sharing this budget."""
+        return sum(d._cached_bytes for d in self._live())
+
+    def _live(self) -> list[GenomeDecoder]:
+        live = []
+        for key, ref in list(self._users.items()):
+            decoder = ref()
+            if decoder is None:
+                del self._users[key]
+            else:
+                live.append(decoder)
+        return live
+
+    def _register(self, decoder: GenomeDecoder) -> None:
+        self._users[id(decoder)] = weakref.ref(decoder)
+
+    def _make_room(self, decoder: GenomeDecoder, nbytes: int) -> None:
+        """Evicts until `nbytes` more fit, or until nothing is left to evict."""
+        self._users.move_to_end(id(decoder))
+        while self.used_bytes + nbytes > self.limit_bytes:
+            victim = next((d for d in self._live() if d is not decoder and d._cache), None)
+            if victim is None:
+                if not decoder._cache:
+                    return  # the new entry alone may exceed the budget: it is kept anyway
+                victim = decoder
+            # Another decoder's spare memory would sit idle outside the budget: free it.
+            victim._evict_oldest(recycle=victim is decoder)
+
+
 class GenomeDecoder:
     """Decodes genomes, reusing a byte-bounded LRU cache of recently decoded vectors."""
 
@@ -93,9 +145,11 @@ class GenomeDecoder:
         shared: SharedVectorStore | None = None,
         shared_namespace: str = "",
         max_children: int = 8,
+        budget: CacheBudget | None = None,
     ) -> None:
         """`shared` (with a namespace naming the table, sigma and network) lets the worker
-        processes of a host share decoded parents instead of each keeping its own copy."""
+        processes of a host share decoded parents instead of each keeping its own copy.
+        `budget`, shared with other decoders, bounds the cache instead of `cache_bytes`."""
         _check_inputs(table, init_scale)
         if cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
@@ -103,7 +157,8 @@ class GenomeDecoder:
         self.init_scale = init_scale
         self.mutation_power = float(mutation_power)
         self._sigma32 = _check_mutation_power(self.mutation_power)
-        self.cache_bytes = cache_bytes
+        self._budget = budget if budget is not None else CacheBudget(cache_bytes)
+        self._budget._register(self)
         self.stats = DecodeStats()
         self._cache: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
         self._cached_bytes = 0
@@ -120,6 +175,11 @@ class GenomeDecoder:
     def num_params(self) -> int:
         """Length of every decoded vector."""
         return self.init_scale.size
+
+    @property
+    def cache_bytes(self) -> int:
+        """The byte bound of this decoder's cache (shared with others when given a budget)."""
+        return self._budget.limit_bytes
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -225,17 +285,20 @@ class GenomeDecoder:
         self._children.clear()
         self._cached_bytes = 0
 
+    def _evict_oldest(self, recycle: bool = True) -> None:
+        """Drops the least recently used vector, keeping its memory if `recycle` and unheld."""
+        evicted, old = self._cache.popitem(last=False)
+        self._children.pop(evicted, None)
+        self._cached_bytes -= old.nbytes
+        # Referenced only by `old` and getrefcount's argument: no caller can see it change.
+        if recycle and sys.getrefcount(old) <= 2:
+            self._recycle(old)
+
     def _insert(self, key: tuple[int, ...], theta: np.ndarray, hot: bool) -> None:
         if key in self._cache:
             return
         # Make room first, so the new entry is never its own victim.
-        while self._cache and self._cached_bytes + theta.nbytes > self.cache_bytes:
-            evicted, old = self._cache.popitem(last=False)
-            self._children.pop(evicted, None)
-            self._cached_bytes -= old.nbytes
-            # Referenced only by `old` and getrefcount's argument: no caller can see it change.
-            if sys.getrefcount(old) <= 2:
-                self._recycle(old)
+        self._budget._make_room(self, theta.nbytes)
         self._cache[key] = theta
         self._cached_bytes += theta.nbytes
         if not hot:

@@ -17,6 +17,8 @@ HIDDEN_STD = 1.0
 """Init std of hidden weights, divided by sqrt(fan_in)."""
 OUTPUT_STD = 0.1
 """Init std of the output layer's weights, divided by sqrt(fan_in)."""
+MAX_PARAMS = 2**27
+"""Largest network a worker builds: 512 MiB of float32 (the paper's Atari network has 4M)."""
 
 Layout = list[tuple[str, tuple[int, ...]]]
 
@@ -46,6 +48,25 @@ def parameter_layout(
     return [*layout, ("fc.weight", (ATARI_HIDDEN, channels * size * size)),
             ("fc.bias", (ATARI_HIDDEN,)), ("out.weight", (n_outputs, ATARI_HIDDEN)),
             ("out.bias", (n_outputs,))]  # fmt: skip
+
+
+def parameter_count(layout: Layout) -> int:
+    """Number of parameters in a layout."""
+    return sum(math.prod(shape) for _, shape in layout)
+
+
+def check_parameter_count(num_params: int, table_size: int | None = None) -> int:
+    """`num_params` if within MAX_PARAMS and the noise table; ValueError naming both otherwise."""
+    if num_params > MAX_PARAMS:
+        raise ValueError(
+            f"the network has {num_params} parameters, more than the limit of {MAX_PARAMS}"
+        )
+    if table_size is not None and num_params > table_size:
+        raise ValueError(
+            f"the network has {num_params} parameters, more than the noise table's "
+            f"{table_size} values"
+        )
+    return num_params
 
 
 def init_scale(layout: Layout) -> np.ndarray:

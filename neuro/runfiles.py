@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Sequence
+
 GENOME_FORMAT = "neuro.genome/1"
 """best_genome.json / elite_genome.json: a genome with everything needed to replay it."""
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 BEST_GENOME = "best_genome.json"
 ELITE_GENOME = "elite_genome.json"
+GENOMES = "genomes"
+"""genomes/<sha256>.json: each distinct elite once, a whole genome document metrics.jsonl names."""
+
+
+def seeds_sha256(seeds: Sequence[int]) -> str:
+    """sha256 of a seed list's canonical JSON ("[1,2,3]"): the name of its genome file."""
+    return hashlib.sha256(
+        json.dumps([int(s) for s in seeds], separators=(",", ":")).encode()
+    ).hexdigest()
+
+
+def genome_file(sha256: str) -> str:
+    """The run-dir path of the genome file for a seed list's sha256."""
+    return f"{GENOMES}/{sha256}.json"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import string
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,6 +21,9 @@ TOKEN_ENV = "NEURO_TOKEN"
 METADATA_KEY = "authorization"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """gRPC's default cap, made explicit: a bigger request gets RESOURCE_EXHAUSTED."""
+MAX_WORKER_ID_LENGTH = 256
+WORKER_ID_CHARACTERS = frozenset(string.ascii_letters + string.digits + "._:@+=-")
+"""What a worker id may hold: it shows up in logs, the status table and metric labels."""
 
 
 def load_token(path: str | None, env_var: str = TOKEN_ENV) -> str | None:
@@ -43,6 +47,22 @@ def load_token(path: str | None, env_var: str = TOKEN_ENV) -> str | None:
     if not all("!" <= c <= "~" for c in token):
         raise ValueError(f"{source}: the token must be printable ASCII without spaces")
     return token
+
+
+def worker_id_problem(worker_id: str) -> str | None:
+    """Why `worker_id` cannot name a worker, or None if it can."""
+    if not 1 <= len(worker_id) <= MAX_WORKER_ID_LENGTH:
+        return (
+            f"worker_id must be 1-{MAX_WORKER_ID_LENGTH} characters, got {len(worker_id)}: "
+            f"{worker_id[:40]!r}"
+        )
+    for position, character in enumerate(worker_id):
+        if character not in WORKER_ID_CHARACTERS:
+            return (
+                f"worker_id {worker_id[:40]!r} holds {character!r} at position {position}; "
+                "allowed are ASCII letters, digits and . _ : @ + = -"
+            )
+    return None
 
 
 def is_loopback(host: str) -> bool:

@@ -21,14 +21,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from master import cli
-from master.config import inspect_env_id, preset
 from master.fleet.auth import REFUSAL, is_loopback, load_token
 from master.run.local_workers import LocalWorkers
-from master.run.start import start_master
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
 from neuro.wire import SERVICE_NAME
 from tests.conftest import spawn_worker, stop_processes
+from tests.harness import live_master
+from tests.tiny import tiny_cartpole
 
 CURRENT = pb.PROTOCOL_VERSION_CURRENT
 CALL_S, TEST_S, RUN_S, EXIT_S = 5.0, 20.0, 120.0, 60.0
@@ -44,8 +44,6 @@ BAD_CREDENTIALS = {
     "another key": (("x-token", f"Bearer {TOKEN}"),),
     "two values": (("authorization", f"Bearer {WRONG}"), ("authorization", f"Bearer {TOKEN}")),
 }
-TINY = {"generations": 2, "population_size": 6, "truncation": 2, "elite_candidates": 2,
-        "elite_episodes": 2, "target_score": None}  # fmt: skip
 CLEAN_ENV = ("NEURO_TOKEN", "NEURO_TOKEN_FILE", "NEURO_HOST", "NEURO_TLS_CA")
 
 
@@ -94,16 +92,9 @@ def serve(scenario, tmp_path: Path, timeout: float = TEST_S, **master_args) -> N
     """Runs one scenario against a fresh training master with the token; always stops it."""
 
     async def main():
-        config = preset(inspect_env_id("CartPole-v1"), **TINY)
-        master = await start_master(config, tmp_path / "run", out=None, token=TOKEN, **master_args)
-        training = asyncio.ensure_future(master.trainer.run())
-        try:
-            await asyncio.wait_for(scenario(master, training), timeout)
-        finally:
-            training.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await training
-            await master.stop(0)
+        config = tiny_cartpole(target_score=None)
+        async with live_master(config, tmp_path / "run", token=TOKEN, **master_args) as live:
+            await asyncio.wait_for(scenario(live.master, live.training), timeout)
 
     asyncio.run(main())
 
@@ -182,7 +173,7 @@ def test_forged_calls_are_refused_and_change_nothing(tmp_path, caplog, capfd):
             assert [a.disposition for a in acks] == [pb.RESULT_DISPOSITION_ACCEPTED] * len(tasks)
             while (await snapshot(stub))[1] != "elite":
                 await asyncio.sleep(0.01)
-            assert list(master.trainer.ga.state.scores) == [7.0] * len(tasks)
+            assert list(master.trainer.algorithm.state.scores) == [7.0] * len(tasks)
 
     serve(scenario, tmp_path)
     assert_not_logged(caplog, capfd)
@@ -332,8 +323,8 @@ def master_cli(monkeypatch, tmp_path, *argv: str, env: dict[str, str] | None = N
         monkeypatch.setenv(name, value)
     served = {}
 
-    async def run_master(*args, **kwargs):
-        served.update(kwargs)
+    async def run_master(config, run_dir, serve, options, **kwargs):
+        served.update(vars(serve), **vars(options))
 
     monkeypatch.setattr("master.run.start.run_master", run_master)
     args = ["--env", "CartPole-v1", "--run-dir", str(tmp_path / "run"), "--port", "0", *argv]

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
+import math
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-from master.config import inspect_env_id, preset
+from master.config import RunConfig, inspect_env_id, preset
+from master.fleet.scheduler import TaskOutcome
 from master.run.checkpoint import (
     CURRENT,
     PREVIOUS,
     CheckpointError,
     load_checkpoint,
+    load_sidecar,
     save_checkpoint,
+    save_sidecar,
 )
-from master.run.rundir import read_metrics
+from master.run.rundir import read_elite_seeds, read_metrics
 from master.run.start import resume_config, start_master
 from tests.conftest import spawn_worker, stop_processes
 
@@ -81,7 +88,7 @@ async def _stop_mid_elite_phase_then_resume(run_dir: Path) -> dict:
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            ga, recorded = first.trainer.ga, first.trainer.fleet.recorded()
+            ga, recorded = first.trainer.algorithm, first.trainer.fleet.recorded()
             if ga.generation == 1 and ga.phase == "elite" and len(recorded) >= 3:
                 break
             await asyncio.sleep(0.002)
@@ -113,7 +120,8 @@ def test_a_stopped_master_resumes_mid_phase_and_scores_everything_exactly_once(
     outcome = asyncio.run(_stop_mid_elite_phase_then_resume(run_dir))
     payload = outcome["payload"]
     assert not outcome["complete"]  # a stop is not the end of the run: workers wait
-    assert payload["ga"]["generation"] == 1 and payload["ga"]["phase"] == "elite"
+    state = payload["algorithm"]["state"]
+    assert state["generation"] == 1 and state["phase"] == "elite"
     assert len(payload["phase_recorded"]) >= 3  # work done before the stop was kept
     assert outcome["resumed_config"] == outcome["config"]  # same run id, same settings
     # The resumed master finished generations 1 and 2; the record on disk is seamless.
@@ -128,11 +136,11 @@ def test_a_stopped_master_resumes_mid_phase_and_scores_everything_exactly_once(
         assert (record["frames"], record["evaluations"]) == (frames, evaluations)
         assert record["failed_evaluations"] == 0
     # Elite chain: each elite is the previous one or a member of its own generation.
-    for previous, record in itertools.pairwise(records):
-        seeds = record["elite_seeds"]
+    chain = [(record["generation"], read_elite_seeds(run_dir, record)) for record in records]
+    for (_, previous), (generation, seeds) in itertools.pairwise(chain):
         # A new elite is a child made this generation: one mutation on a parent of the last.
         # (Parents can be short: a carried elite is a parent too.)
-        assert seeds == previous["elite_seeds"] or 2 <= len(seeds) <= record["generation"] + 1
+        assert seeds == previous or 2 <= len(seeds) <= generation + 1
     assert records[1]["wall_s"] <= records[2]["wall_s"]
 
 
@@ -141,3 +149,105 @@ def test_resuming_keeps_the_runs_settings(tmp_path: Path) -> None:
     assert resume_config(payload, generations=9).generations == 9
     with pytest.raises(ValueError, match="cannot change \\['population_size'\\]"):
         resume_config(payload, population_size=5)
+
+
+# -- checkpoints written before the "algorithm" section -----------------------------------------
+
+
+async def _resume_with_an_in_process_worker(
+    config: RunConfig, run_dir: Path
+) -> tuple[dict[str, Any], list]:
+    """Resumes the run dir's checkpoint and trains to the budget; a loop here plays every task.
+
+    Returns the resumed algorithm's state document (before any training) and the records.
+    """
+    payload = load_checkpoint(run_dir)
+    master = await start_master(config, run_dir, port=0, out=None, resume=payload)
+    trainer, fleet = master.trainer, master.trainer.fleet
+    state = trainer.algorithm.state_dict()
+    training = asyncio.ensure_future(trainer.run())
+    try:
+        deadline = time.monotonic() + 60
+        while not training.done() and time.monotonic() < deadline:
+            fleet.report_many("w", [
+                TaskOutcome(task.task_id, (float(len(task.task_id) % 7),) * task.episodes,
+                            10 * task.episodes)
+                for task in fleet.lease("w", 256)
+            ])  # fmt: skip
+            await asyncio.sleep(0.001)
+        records = await asyncio.wait_for(training, 1)
+    finally:
+        await master.stop(0)
+    return state, records
+
+
+def without_format(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k != "format"}
+
+
+def test_a_ga_checkpoint_of_the_old_layout_resumes(tmp_path: Path) -> None:
+    config = cartpole(generations=3)  # 12 offspring, then 3 candidates x 4 episodes
+    rng_state = np.random.Generator(np.random.PCG64(77)).bit_generator.state
+    elite = [42, 43]
+    # As the trainer wrote it before: the GA's state under "ga", no algorithm name.
+    old = {
+        "config": config.to_dict(),
+        "ga": {"generation": 2, "phase": "offspring", "rng_state": rng_state,
+               "population": [[1000 + i, 7 * i + 1] for i in range(11)] + [elite],
+               "scores": [], "candidates": [], "parents": [[42], [7], [9]], "elite": elite,
+               "elite_score": 25.5},
+        "trainer": {"frames": 5000, "evaluations": 48, "wall_s": 10.0,
+                    "generation_start": [5000, 48, 1], "leases_reissued": 1},
+        "phase_recorded": {"g2/o/0/0": [[3.0], 20]},
+    }  # fmt: skip
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    save_checkpoint(run_dir, old)
+    state, records = asyncio.run(_resume_with_an_in_process_worker(config, run_dir))
+    assert without_format(state) == old["ga"]
+    [record] = records
+    assert record.generation == 2 and record.generation_evaluations == 12 + 3 * 4
+    # The task recorded before the stop counts once, with its frames; the rest were played.
+    assert (record.evaluations, record.frames) == (48 + 24, 5000 + 20 + 10 * 23)
+    new = load_checkpoint(run_dir)
+    assert "ga" not in new and new["algorithm"]["name"] == "ga"
+    assert new["algorithm"]["state"]["generation"] == 3
+    assert new["algorithm"]["state"]["format"] == "neuro.ga/1"
+
+
+def test_an_es_checkpoint_of_the_old_layout_resumes_with_its_arrays(
+    tmp_path: Path, noise_cache: Path
+) -> None:
+    config = preset(inspect_env_id("CartPole-v1"), algorithm="es", pairs=2, eval_episodes=1,
+                    seed=1, generations=2, target_score=None, hidden_sizes=(8,),
+                    noise_table_size=2**16)  # fmt: skip
+    num_params = 4 * 8 + 8 + 8 * 2 + 2  # CartPole: 4 inputs, 8 hidden units, 2 actions
+    rng = np.random.default_rng(5)
+    arrays = np.stack([rng.normal(0, 0.1, num_params), np.zeros(num_params),
+                       np.full(num_params, 1e-4)]).astype(np.float32)  # fmt: skip
+    run_dir = tmp_path / "run"
+    # As the trainer wrote it before: the ES's state under "ga", its arrays in a sidecar.
+    old = {
+        "config": config.to_dict(),
+        "ga": {"generation": 1, "phase": "offspring", "adam_steps": 1,
+               "rng_state": np.random.Generator(np.random.PCG64(11)).bit_generator.state,
+               "noise_indices": [17, 123456], "elite_score": 20.0, "theta_rank": 0,
+               "num_params": num_params,
+               "arrays_sha256": hashlib.sha256(arrays.tobytes()).hexdigest()},
+        "trainer": {"frames": 300, "evaluations": 5, "wall_s": 3.0,
+                    "generation_start": [300, 5, 0], "leases_reissued": 0},
+        "phase_recorded": {},
+        "sidecar": save_sidecar(run_dir, 1, arrays),
+    }  # fmt: skip
+    save_checkpoint(run_dir, old)
+    state, records = asyncio.run(_resume_with_an_in_process_worker(config, run_dir))
+    assert without_format(state) == old["ga"]
+    [record] = records
+    assert record.generation == 1 and record.generation_evaluations == 2 * 2 + 1
+    new = load_checkpoint(run_dir)
+    assert "ga" not in new and new["algorithm"]["name"] == "es"
+    assert new["algorithm"]["state"]["generation"] == 2
+    theta = load_sidecar(run_dir, new["sidecar"])[0]
+    # One Adam step on from the old checkpoint's theta.
+    assert theta.shape == arrays[0].shape and not np.array_equal(theta, arrays[0])
+    assert np.isfinite(theta).all() and not math.isnan(record.elite_score)

@@ -215,6 +215,7 @@ def test_a_failed_create_names_the_resource_and_reason(
     assert code == 1 and "delete it with `neuro-deploy down`" in err
 
 
+@pytest.mark.slow
 def test_commands_on_a_missing_stack_say_so(aws_endpoint: str, capsys) -> None:
     for argv in (["status"], ["scale", "3"], ["fetch"], ["logs"], ["down", "--yes"]):
         code, _, err = run_cli(capsys, *argv)
@@ -222,6 +223,7 @@ def test_commands_on_a_missing_stack_say_so(aws_endpoint: str, capsys) -> None:
         assert "no stack named 'run1' in us-east-1" in err, argv
 
 
+@pytest.mark.slow
 def test_fetch_before_the_first_upload_and_down_without_yes(aws_endpoint: str, capsys) -> None:
     assert run_cli(capsys, "up", *IMAGES, "--poll-seconds", "0.1")[0] == 0
     code, _, err = run_cli(capsys, "fetch")

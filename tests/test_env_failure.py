@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import worker.slots
-from master.config import inspect_env_id, preset
-from master.run.start import start_master
+import worker.envs
 from tests.conftest import spawn_worker, stop_processes
+from tests.harness import live_master
+from tests.tiny import tiny_cartpole
 from worker.client import WorkerClient
 from worker.evaluator import Evaluator
 
@@ -20,25 +20,22 @@ pytestmark = pytest.mark.slow
 
 
 async def _run(tmp_path: Path, broken: WorkerClient) -> tuple[list, dict]:
-    settings = dict(population_size=8, truncation=2, elite_candidates=2, elite_episodes=2)
-    config = preset(inspect_env_id("CartPole-v1"), generations=2, target_score=None, **settings)
-    master = await start_master(config, tmp_path / "run", port=0, out=None)
-    broken.address = f"127.0.0.1:{master.port}"
-    thread = threading.Thread(target=broken.run, daemon=True)
-    training = asyncio.ensure_future(master.trainer.run())
-    thread.start()
-    # The broken worker asks first and fails its tasks; then a working one joins.
-    deadline = time.monotonic() + 30
-    while broken.counters.tasks_failed == 0 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    failed_before_help = broken.counters.tasks_failed
-    good = spawn_worker(master.port, "good")
-    try:
-        records = await asyncio.wait_for(training, 120)
-    finally:
-        broken.stop()
-        stop_processes([good])
-        await master.stop(0)
+    config = tiny_cartpole(population_size=8, target_score=None)
+    async with live_master(config, tmp_path / "run") as live:
+        broken.address = live.address
+        thread = threading.Thread(target=broken.run, daemon=True)
+        thread.start()
+        # The broken worker asks first and fails its tasks; then a working one joins.
+        deadline = time.monotonic() + 30
+        while broken.counters.tasks_failed == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        failed_before_help = broken.counters.tasks_failed
+        good = spawn_worker(live.port, "good")
+        try:
+            records = await asyncio.wait_for(live.training, 120)
+        finally:
+            broken.stop()
+            stop_processes([good])
     await asyncio.to_thread(thread.join, 15)
     return records, {"failed_before_help": failed_before_help, "alive": thread.is_alive()}
 
@@ -49,7 +46,7 @@ def test_env_build_failures_are_reported_and_the_env_is_not_handed_to_that_worke
     def cannot_build(env_id, dynamics="paper"):
         raise RuntimeError(f"no emulator for {env_id} on this host")
 
-    monkeypatch.setattr(worker.slots, "make_env", cannot_build)
+    monkeypatch.setattr(worker.envs, "make_env", cannot_build)
     broken = WorkerClient("unset", "broken", Evaluator(), prefetch=1)
     records, outcome = asyncio.run(_run(tmp_path, broken))
     assert outcome["failed_before_help"] >= 1 and not outcome["alive"]

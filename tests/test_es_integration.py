@@ -56,7 +56,7 @@ def test_es_solves_cartpole_on_two_local_workers(tmp_path: Path, noise_cache: Pa
     # The checkpoint's arrays are a sidecar whose sha256 it records; theta moved on once more.
     payload = load_checkpoint(run_dir)
     arrays = load_sidecar(run_dir, payload["sidecar"])
-    assert payload["ga"]["generation"] == len(records)
+    assert payload["algorithm"]["state"]["generation"] == len(records)
     best = np.load(run_dir / "best_params.npy")
     assert arrays.shape == (3, best.size) and not np.array_equal(arrays[0], best)
 
@@ -94,7 +94,7 @@ def test_an_es_run_resumes_from_its_checkpoint(tmp_path: Path, noise_cache: Path
     assert records[:2] == first
     check_counters(records, 5, 2)
     resumed = load_checkpoint(run_dir)
-    assert resumed["ga"]["generation"] == 4
+    assert resumed["algorithm"]["state"]["generation"] == 4
     # Two more updates moved theta on from where the first process left it.
     theta_after_four = load_sidecar(run_dir, resumed["sidecar"])[0]
     assert theta_after_four.shape == theta_after_two.shape

@@ -52,6 +52,7 @@ def count_frames(path: Path) -> tuple[int, dict]:
         return reader.count_frames(), reader.get_meta_data()
 
 
+@pytest.mark.slow
 def test_run_dir_and_genome_file_print_what_evaluate_policy_returns(run_dir: Path) -> None:
     genome = run_dir / "best_genome.json"
     expected = evaluate_policy(genome, episodes=6, env_seed=11)
@@ -68,6 +69,7 @@ def test_run_dir_and_genome_file_print_what_evaluate_policy_returns(run_dir: Pat
         assert (says_run_dir in done.stdout) == (target == run_dir)
 
 
+@pytest.mark.slow
 def test_video_holds_steps_plus_one_frames_per_recorded_episode(
     run_dir: Path, tmp_path: Path
 ) -> None:
@@ -89,6 +91,7 @@ def test_video_holds_steps_plus_one_frames_per_recorded_episode(
     assert [p.name for p in out.parent.iterdir()] == ["replay.mp4"]  # no partial file left
 
 
+@pytest.mark.slow
 def test_recording_does_not_change_the_returns(run_dir: Path, tmp_path: Path) -> None:
     plain = evaluate_policy(run_dir, episodes=4, env_seed=21)
     video = Video(tmp_path / "one.mp4")
@@ -115,6 +118,7 @@ def test_atari_video_is_the_full_colour_screen(tmp_path: Path, noise_cache: Path
     assert np.abs(frame[..., 0] - frame[..., 2]).max() > 50  # colour: channels differ
 
 
+@pytest.mark.slow
 def test_missing_video_packages_are_named_before_any_episode(
     run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
@@ -126,6 +130,7 @@ def test_missing_video_packages_are_named_before_any_episode(
     assert "scores:" not in captured.out and not out.exists()
 
 
+@pytest.mark.slow
 def test_missing_renderer_is_named(
     run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
@@ -147,6 +152,7 @@ def test_missing_renderer_is_named(
         (["--episodes", "0"], "--episodes must be >= 1, got 0"),
     ],
 )
+@pytest.mark.slow
 def test_refuses_bad_options(run_dir: Path, capsys, args: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as exit_info:
         eval_main([str(run_dir), *args])

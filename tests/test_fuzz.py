@@ -9,7 +9,6 @@ with a blocking channel.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -22,27 +21,28 @@ import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 
-from master.config import inspect_env_id, preset
 from master.fleet.service import (
     MAX_EPISODE_FRAMES,
     MAX_ID_LENGTH,
     MAX_REQUEST_BYTES,
     MAX_TASKS_PER_LEASE,
 )
-from master.run.start import start_master
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
+from neuro.wire import WORKER_ID_CHARACTERS, worker_id_problem
+from tests.harness import live_master
+from tests.tiny import tiny_cartpole
 
 CURRENT = pb.PROTOCOL_VERSION_CURRENT
 ACCEPTED = pb.RESULT_DISPOSITION_ACCEPTED
-DISPOSITIONS = {ACCEPTED, pb.RESULT_DISPOSITION_DUPLICATE, pb.RESULT_DISPOSITION_STALE}
+DISPOSITIONS = {ACCEPTED, pb.RESULT_DISPOSITION_DUPLICATE, pb.RESULT_DISPOSITION_STALE,
+                pb.RESULT_DISPOSITION_REJECTED}  # fmt: skip
 CALL_S = 5.0
 SETTLE_S = 5.0
 FINISH_S = 30.0
 UINT64_MAX = 2**64 - 1
 GENERATIONS, POPULATION, CANDIDATES, EPISODES, PER_TASK = 6, 12, 2, 4, 2
 PER_GENERATION = POPULATION + CANDIDATES * EPISODES
-CARTPOLE = inspect_env_id("CartPole-v1")
 # A lease outlives the test, so no lease lapses in the background while a refused call is
 # compared before and after; the held tasks are released by their holders at the end.
 CONFIG = {"generations": GENERATIONS, "population_size": POPULATION, "truncation": 3,
@@ -64,10 +64,13 @@ CLEAR = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}
 # Each strategy pair is (good, bad): a message is either well formed, or wrong in some fields.
 VERSIONS = st.just(CURRENT), st.integers(-(2**31), 2**31 - 1).filter(lambda v: v != CURRENT)
 LONG_TEXT = st.text(min_size=MAX_ID_LENGTH + 1, max_size=MAX_ID_LENGTH + 40)
+# Worker ids are printable ASCII letters, digits and a few marks; any other text is refused.
 WORKER_IDS = (
-    st.one_of(st.sampled_from(["w1", "w2", "w3"]), st.text(min_size=1, max_size=20)),
-    st.one_of(st.just(""), LONG_TEXT),
-)
+    st.one_of(st.sampled_from(["w1", "w2", "w3"]),
+              st.text(alphabet=sorted(WORKER_ID_CHARACTERS), min_size=1, max_size=20)),
+    st.one_of(st.just(""), LONG_TEXT,
+              st.text(min_size=1, max_size=20).filter(lambda t: worker_id_problem(t) is not None)),
+)  # fmt: skip
 MAX_TASKS = (
     st.one_of(st.integers(1, 8), st.just(MAX_TASKS_PER_LEASE)),
     st.one_of(st.just(0), st.integers(MAX_TASKS_PER_LEASE + 1, 2**32 - 1)),
@@ -207,7 +210,7 @@ def expected_refusal(method: str, request: Any) -> tuple[grpc.StatusCode, list[s
     if request.protocol_version != CURRENT:
         return grpc.StatusCode.FAILED_PRECONDITION, [f"protocol_version {request.protocol_version}"]
     worker = request.worker_id
-    if not worker or len(worker) > MAX_ID_LENGTH:
+    if worker_id_problem(worker) is not None:
         return grpc.StatusCode.INVALID_ARGUMENT, ["worker_id", repr(worker[:40])]
     if method == "Lease":
         if not 1 <= request.max_tasks <= MAX_TASKS_PER_LEASE:
@@ -306,11 +309,11 @@ class Live:
             counters = fleet.counters()
             if counters.pending + counters.leased == 0 and not fleet.run_complete:
                 return None
-            s = trainer.status()
+            s = trainer.snapshot()
             # s.workers is left out: a Report refused for a wrong episode count still marks
             # its worker as seen (Fleet.report_many), which is harmless.
             return State(s.generation, s.phase, s.frames, s.evaluations, s.run_complete,
-                         repr(s.elite_score), tuple(s.elite.seeds), counters.pending,
+                         repr(s.elite_score), s.elite_seeds, counters.pending,
                          counters.leased, counters.done, counters.reissued,
                          fleet.frames_accepted, len(trainer.records))  # fmt: skip
 
@@ -439,36 +442,32 @@ def run_fuzz(tmp_path, strategy, raw: bool, examples: int) -> None:
     """Fuzzes a fresh master, then checks a well-behaved worker finishes its run."""
 
     async def main():
-        config = preset(CARTPOLE, **CONFIG)
-        master = await start_master(config, tmp_path / "run", out=None)
-        training = asyncio.ensure_future(master.trainer.run())
-        channel = grpc.insecure_channel(f"127.0.0.1:{master.port}")
-        live = Live(master, asyncio.get_running_loop(), channel, config.run_id)
+        config = tiny_cartpole(**CONFIG)
+        async with live_master(config, tmp_path / "run") as live:
+            master, training = live.master, live.training
+            channel = grpc.insecure_channel(live.address)
+            live_calls = Live(master, asyncio.get_running_loop(), channel, config.run_id)
 
-        def work() -> None:
-            @settings(max_examples=examples, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))  # fmt: skip
-            @given(st.data())
-            def one_call(data):
-                if data.draw(st.integers(0, 3)) == 0:
-                    live.work()
-                known = sorted(live.leased)
-                method, payload = data.draw(strategy(live.run_id, known))
-                live.call(method, payload, raw=raw)
+            def work() -> None:
+                @settings(max_examples=examples, deadline=None, database=None,
+                          suppress_health_check=list(HealthCheck))  # fmt: skip
+                @given(st.data())
+                def one_call(data):
+                    if data.draw(st.integers(0, 3)) == 0:
+                        live_calls.work()
+                    known = sorted(live_calls.leased)
+                    method, payload = data.draw(strategy(live_calls.run_id, known))
+                    live_calls.call(method, payload, raw=raw)
 
-            one_call()
+                one_call()
 
-        try:
-            await asyncio.to_thread(work)
-            assert live.refused > 0
-            status = await asyncio.wait_for(finish_run(live), FINISH_S)
-            records = await asyncio.wait_for(training, CALL_S)
-        finally:
-            channel.close()
-            training.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await training
-            await master.stop(0)
+            try:
+                await asyncio.to_thread(work)
+                assert live_calls.refused > 0
+                status = await asyncio.wait_for(finish_run(live_calls), FINISH_S)
+                records = await asyncio.wait_for(training, CALL_S)
+            finally:
+                channel.close()
         assert status.run_complete
         assert [r.generation for r in records] == list(range(GENERATIONS))
         assert (status.tasks_pending, status.tasks_leased) == (0, 0)
@@ -497,20 +496,10 @@ def drive(scenario, tmp_path) -> None:
     """Runs one scenario against a fresh master, bounded in time, and always stops it."""
 
     async def main():
-        config = preset(CARTPOLE, **CONFIG)
-        master = await start_master(config, tmp_path / "run", out=None)
-        training = asyncio.ensure_future(master.trainer.run())
-        # No client-side size limit: the server's limit is what is tested.
-        options = [("grpc.max_send_message_length", -1)]
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{master.port}", options=options)
-        try:
-            await asyncio.wait_for(scenario(channel, master), FINISH_S)
-        finally:
-            training.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await training
-            await channel.close()
-            await master.stop(0)
+        async with live_master(tiny_cartpole(**CONFIG), tmp_path / "run") as live:
+            # No client-side size limit: the server's limit is what is tested.
+            channel = live.channel(options=[("grpc.max_send_message_length", -1)])
+            await asyncio.wait_for(scenario(channel, live.master), FINISH_S)
 
     asyncio.run(main())
 

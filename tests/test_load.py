@@ -9,19 +9,18 @@ not asserted: they depend on the machine.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-import grpc
+import pytest
 
-from master.config import inspect_env_id, preset
-from master.run.start import start_master
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
+from tests.harness import live_master
+from tests.tiny import tiny_cartpole
 
 CURRENT = pb.PROTOCOL_VERSION_CURRENT
 ACCEPTED, DUPLICATE = pb.RESULT_DISPOSITION_ACCEPTED, pb.RESULT_DISPOSITION_DUPLICATE
@@ -102,53 +101,44 @@ def all_task_ids() -> set[str]:
     return ids
 
 
+@pytest.mark.slow
 def test_hundreds_of_workers_lose_no_lease(tmp_path, record_property, capsys):
     async def main():
-        config = preset(inspect_env_id("CartPole-v1"), **CONFIG)
-        master = await start_master(config, tmp_path / "run", out=None)
-        training = asyncio.ensure_future(master.trainer.run())
-        target = f"127.0.0.1:{master.port}"
-        channels = [
-            grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-            for _ in range(CHANNELS)
-        ]
-        tally = Tally()
-        started = time.perf_counter()
-        workers = [
-            asyncio.ensure_future(
-                simulated_worker(
-                    pb_grpc.EvolutionStub(channels[i % CHANNELS]),
-                    f"sim-{i}",
-                    random.Random(i),
-                    tally,
+        async with live_master(tiny_cartpole(**CONFIG), tmp_path / "run") as live:
+            training = live.training
+            options = [("grpc.use_local_subchannel_pool", 1)]
+            channels = [live.channel(options) for _ in range(CHANNELS)]
+            tally = Tally()
+            started = time.perf_counter()
+            workers = [
+                asyncio.ensure_future(
+                    simulated_worker(
+                        pb_grpc.EvolutionStub(channels[i % CHANNELS]),
+                        f"sim-{i}",
+                        random.Random(i),
+                        tally,
+                    )
                 )
-            )
-            for i in range(WORKERS)
-        ]
-        finished = []
-        training.add_done_callback(lambda _: finished.append(time.perf_counter()))
-        try:
-            # Workers leave once they see the run complete; a worker that fails ends the wait.
-            done, running = await asyncio.wait(
-                [training, *workers], timeout=RUN_S, return_when=asyncio.FIRST_EXCEPTION
-            )
-            for task in done:
-                task.result()
-            assert not running, f"{len(running)} of the run and its workers still going"
-            records, wall_s = training.result(), finished[0] - started
-            status = await pb_grpc.EvolutionStub(channels[0]).Status(
-                pb.StatusRequest(), timeout=CALL_S
-            )
-        finally:
-            for worker in workers:
-                worker.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
-            training.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await training
-            for channel in channels:
-                await channel.close()
-            await master.stop(0)
+                for i in range(WORKERS)
+            ]
+            finished = []
+            training.add_done_callback(lambda _: finished.append(time.perf_counter()))
+            try:
+                # Workers leave once they see the run complete; a worker that fails ends the wait.
+                done, running = await asyncio.wait(
+                    [training, *workers], timeout=RUN_S, return_when=asyncio.FIRST_EXCEPTION
+                )
+                for task in done:
+                    task.result()
+                assert not running, f"{len(running)} of the run and its workers still going"
+                records, wall_s = training.result(), finished[0] - started
+                status = await pb_grpc.EvolutionStub(channels[0]).Status(
+                    pb.StatusRequest(), timeout=CALL_S
+                )
+            finally:
+                for worker in workers:
+                    worker.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
         return records, status, tally, wall_s
 
     records, status, tally, wall_s = asyncio.run(main())

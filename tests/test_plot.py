@@ -58,6 +58,7 @@ def has_colour(image: np.ndarray, rgb: tuple[int, int, int]) -> bool:
 C0_BLUE, C1_ORANGE = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)  # matplotlib's first two colours
 
 
+@pytest.mark.slow
 def test_plots_one_run_dir_into_itself(run_dirs: list[Path]) -> None:
     run = run_dirs[0]
     done = neuro_plot(str(run), "--size", "6x4", "--dpi", "50")
@@ -70,6 +71,7 @@ def test_plots_one_run_dir_into_itself(run_dirs: list[Path]) -> None:
         assert has_colour(image, C0_BLUE) and not has_colour(image, C1_ORANGE)
 
 
+@pytest.mark.slow
 def test_plots_two_run_dirs_on_shared_axes(run_dirs: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "compare"
     done = neuro_plot(*map(str, run_dirs), "--out", str(out))
@@ -83,6 +85,7 @@ def test_plots_two_run_dirs_on_shared_axes(run_dirs: list[Path], tmp_path: Path)
     assert not any((run_dirs[1] / name).exists() for name in OUTPUTS)
 
 
+@pytest.mark.slow
 def test_reads_every_generation_and_computes_throughput_between_lines(
     run_dirs: list[Path],
 ) -> None:
@@ -99,6 +102,7 @@ def test_reads_every_generation_and_computes_throughput_between_lines(
         assert lines[g]["generation_evaluations"] == 10 + 2 * 2
 
 
+@pytest.mark.slow
 def test_skips_a_truncated_last_line_with_a_warning(
     run_dirs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -135,6 +139,7 @@ def test_refuses_a_dir_without_usable_metrics(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_refuses_a_missing_dir_and_bad_options(
     run_dirs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

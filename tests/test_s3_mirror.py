@@ -22,6 +22,7 @@ import pytest
 import master.run.start
 from master.cli import main
 from master.config import inspect_env_id, preset
+from master.observe.events import RunSnapshot
 from master.run.rundir import read_metrics
 from master.run.s3_mirror import (
     STATUS_FIELDS,
@@ -30,8 +31,7 @@ from master.run.s3_mirror import (
     parse_s3_uri,
     status_document,
 )
-from master.run.start import run_master
-from neuro.v1 import evolution_pb2 as pb
+from master.run.start import RunOptions, ServeOptions, run_master
 from tests.conftest import REPO, aws_test_env, free_port, worker_env
 
 RUN_FILES = ("config.json", "metrics.jsonl", "best_genome.json", "elite_genome.json",
@@ -92,10 +92,12 @@ def test_bad_uris_are_refused_naming_the_value(text: str, why: str) -> None:
     assert repr(text) in str(error.value) and why in str(error.value)
 
 
-def test_status_document_has_the_contracts_fields_from_a_status_response() -> None:
-    response = pb.StatusResponse(run_id="r", env_id="CartPole-v1", generation=3, phase="elite",
-                                 frames=10, elite_score=math.nan, run_complete=True)  # fmt: skip
-    document = status_document(response)
+def test_status_document_has_the_contracts_fields_from_a_run_snapshot() -> None:
+    snapshot = RunSnapshot(run_id="r", env_id="CartPole-v1", generation=3, phase="elite",
+                           frames=10, evaluations=0, elite_score=math.nan, elite_seeds=(),
+                           tasks_pending=0, tasks_leased=0, tasks_done=0, workers=0,
+                           leases_reissued=0, run_complete=True, wall_s=1.0)  # fmt: skip
+    document = status_document(snapshot)
     assert set(document) == set(STATUS_FIELDS) == CONTRACT_STATUS - {"updated_at"}
     assert document["elite_score"] is None and document["generation"] == 3
     json.dumps(document, allow_nan=False)
@@ -223,9 +225,9 @@ def test_a_blackholed_s3_neither_slows_the_ga_nor_hangs_the_exit(
         mirror = RunDirMirror("s3://bucket/hole")
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="master.run.s3_mirror"):
-            run = run_master(config, tmp_path / "run", "127.0.0.1", 0, local_workers=1,
-                             worker_args=("--give-up-after", "30"), out=None, mirror=mirror,
-                             s3_sync_seconds=0.2)  # fmt: skip
+            options = RunOptions(local_workers=1, worker_args=("--give-up-after", "30"), out=None,
+                                 mirror=mirror, s3_sync_seconds=0.2)  # fmt: skip
+            run = run_master(config, tmp_path / "run", ServeOptions(), options)
             records = asyncio.run(run)
         elapsed = time.monotonic() - started
     assert [r.generation for r in records] == [0, 1, 2]
@@ -253,8 +255,10 @@ def test_the_master_mirrors_its_run_and_a_replacement_resumes_from_s3(
     stored = objects("bucket", "runs/a/")
     events = event_files(first)
     assert len(events) == 1
-    assert set(stored) == {*RUN_FILES, *events, "status.json"}
-    for name in (*RUN_FILES, *events):
+    genomes = sorted(f"genomes/{p.name}" for p in (first / "genomes").glob("*.json"))
+    assert len(genomes) >= 1
+    assert set(stored) == {*RUN_FILES, *events, *genomes, "status.json"}
+    for name in (*RUN_FILES, *events, *genomes):
         assert stored[name] == (first / name).read_bytes(), name
     metrics = read_metrics(first / "metrics.jsonl")
     status = json.loads(stored["status.json"])
@@ -282,6 +286,11 @@ def test_the_master_mirrors_its_run_and_a_replacement_resumes_from_s3(
     assert {name for name in stored if name.startswith("tensorboard/")} == set(event_files(second))
 
 
+def checkpoint_generation(text: str) -> int:
+    """The generation a checkpoint.json's algorithm state is at."""
+    return json.loads(text)["payload"]["algorithm"]["state"]["generation"]
+
+
 @pytest.mark.slow
 def test_a_master_killed_outright_leaves_a_resumable_run_in_s3(
     aws_endpoint: str, tmp_path: Path, noise_cache: Path
@@ -300,14 +309,14 @@ def test_a_master_killed_outright_leaves_a_resumable_run_in_s3(
             time.sleep(0.1)
             stored = objects("bucket", "killed/")
             if "checkpoint.json" in stored:
-                generation = json.loads(stored["checkpoint.json"])["payload"]["ga"]["generation"]
+                generation = checkpoint_generation(stored["checkpoint.json"])
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(10)
     assert generation >= 2, "no checkpoint of generation 2 reached S3 in time"
     stored = objects("bucket", "killed/")
-    generation = json.loads(stored["checkpoint.json"])["payload"]["ga"]["generation"]
+    generation = checkpoint_generation(stored["checkpoint.json"])
     assert generation < 40, "the run ended before it could be killed"
     # Metrics go up before the checkpoint they belong to.
     assert len(stored["metrics.jsonl"].splitlines()) >= generation

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections import Counter
 
@@ -11,11 +10,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from master.config import inspect_env_id, preset
-from master.run.start import start_master
 from neuro.v1 import evolution_pb2 as pb
-from neuro.v1 import evolution_pb2_grpc as pb_grpc
 from neuro.wire import SERVICE_NAME
+from tests.harness import live_master
+from tests.tiny import tiny_cartpole
 
 CURRENT = pb.PROTOCOL_VERSION_CURRENT
 ACCEPTED, DUPLICATE, STALE = (pb.RESULT_DISPOSITION_ACCEPTED, pb.RESULT_DISPOSITION_DUPLICATE,
@@ -24,28 +22,15 @@ CALL_S = 5.0
 TEST_S = 20.0
 POPULATION, CANDIDATES, EPISODES = 6, 2, 3
 PER_GENERATION = POPULATION + CANDIDATES * EPISODES
-CARTPOLE = inspect_env_id("CartPole-v1")
-TINY = {"generations": 2, "population_size": POPULATION, "truncation": 2,
-        "elite_candidates": CANDIDATES, "elite_episodes": EPISODES}  # fmt: skip
 
 
 def drive(scenario, tmp_path, **overrides) -> None:
     """Runs one scenario against a fresh master, bounded in time, and always stops it."""
 
     async def main():
-        config = preset(CARTPOLE, **(TINY | overrides))
-        master = await start_master(config, tmp_path / "run", out=None)
-        training = asyncio.ensure_future(master.trainer.run())
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{master.port}")
-        try:
-            stub = pb_grpc.EvolutionStub(channel)
-            await asyncio.wait_for(scenario(stub, master, training), TEST_S)
-        finally:
-            training.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await training
-            await channel.close()
-            await master.stop(0)
+        config = tiny_cartpole(**({"elite_episodes": EPISODES} | overrides))
+        async with live_master(config, tmp_path / "run") as live:
+            await asyncio.wait_for(scenario(live.stub(), live.master, live.training), TEST_S)
 
     asyncio.run(main())
 
@@ -135,8 +120,8 @@ def test_fake_workers_drive_a_whole_run(tmp_path):
         trainer = master.trainer
         assert (s.generation, s.frames, s.evaluations) == (2, trainer.frames, 24)
         assert s.run_complete and s.run_id == master.trainer.fleet.settings.run_id
-        assert s.elite_score == trainer.ga.elite_score and s.elite_score < 475
-        assert list(s.elite.seeds) == list(trainer.ga.elite.seeds)
+        assert s.elite_score == trainer.algorithm.elite_score and s.elite_score < 475
+        assert list(s.elite.seeds) == list(trainer.algorithm.elite.seeds)
         response = await lease(stub, "late")
         assert response.run_complete and not response.tasks
 
@@ -154,7 +139,7 @@ def test_duplicate_report_is_acked_and_changes_nothing(tmp_path):
         await finish_phase(stub)
         await until_phase(stub, 0, "elite")
         index = int(task.task_id.split("/")[2])
-        assert master.trainer.ga.state.scores[index] == 42.0
+        assert master.trainer.algorithm.state.scores[index] == 42.0
 
     drive(scenario, tmp_path)
 

@@ -72,6 +72,7 @@ def _decode_in_process(args) -> bytes:
     return worker.decode(seeds).tobytes()
 
 
+@pytest.mark.slow
 def test_processes_racing_on_one_parent_all_get_the_same_bits(setup, tmp_path):
     table, scale, store_dir = setup
     jobs = [(tmp_path / "noise", store_dir, [9, 8, 7, 100 + i]) for i in range(6)]

@@ -28,19 +28,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from master import cli
 from master.algorithms.ga import EvaluationRequest, Genome
-from master.config import inspect_env_id, preset
 from master.fleet.scheduler import Fleet, FleetSettings, TaskOutcome, WorkerRoster
-from master.fleet.service import with_worker_status
 from master.observe import status as status_cli
-from master.observe.prometheus import Snapshot, StatusCollector, start_metrics_server
-from master.run.rundir import read_metrics
-from master.run.start import start_master
-from neuro.v1 import evolution_pb2 as pb
+from master.observe.events import RunSnapshot
+from master.observe.prometheus import StatusCollector, start_metrics_server
+from master.run.rundir import read_elite_seeds, read_metrics
 from tests.conftest import REPO, free_port, spawn_worker, stop_processes, worker_env
+from tests.harness import live_master
+from tests.tiny import tiny_cartpole
 
 TOKEN = "status-test-token-5f2c9a"
 WRONG = "not-the-token-81d0e4"
-CARTPOLE = inspect_env_id("CartPole-v1")
 CLIENT_ENV = ("NEURO_TOKEN", "NEURO_TOKEN_FILE", "NEURO_TLS_CA", "NEURO_MASTER")
 CLI = [sys.executable, "-c", "import sys; from master.cli import main; sys.exit(main())"]
 
@@ -145,9 +143,12 @@ def test_metrics_drop_the_series_of_forgotten_workers() -> None:
     fleet.lease("new", 1)
 
     def scrape() -> dict[str, dict[tuple, float]]:
-        def read() -> Snapshot:
-            status = pb.StatusResponse(run_id="r", env_id="CartPole-v1", elite_score=math.nan)
-            return Snapshot(with_worker_status(status, fleet.worker_stats()), None)
+        def read() -> RunSnapshot:
+            return RunSnapshot(run_id="r", env_id="CartPole-v1", generation=0, phase="offspring",
+                               frames=0, evaluations=0, elite_score=math.nan, elite_seeds=(),
+                               tasks_pending=0, tasks_leased=0, tasks_done=0, workers=2,
+                               leases_reissued=0, run_complete=False, wall_s=0.0,
+                               worker_status=tuple(fleet.worker_stats()))  # fmt: skip
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(StatusCollector(read))
@@ -226,7 +227,7 @@ def check_against_metrics_file(status: dict, run_dir: Path) -> dict:
     assert status["generation"] == len(lines)
     assert status["frames"] >= last["frames"] and status["evaluations"] >= last["evaluations"]
     assert status["elite_score"] == last["elite_score"]
-    assert status["elite_seeds"] == last["elite_seeds"]
+    assert status["elite_seeds"] == read_elite_seeds(run_dir, last)
     return last
 
 
@@ -263,90 +264,105 @@ def worker_row(human: str, worker_id: str) -> list[str]:
 @pytest.mark.slow
 def test_status_and_metrics_tell_what_metrics_jsonl_says(tmp_path: Path, noise_cache: Path):
     run_dir = tmp_path / "run"
-    config = preset(CARTPOLE, generations=4, population_size=20, truncation=4, elite_candidates=2,
-                    elite_episodes=4, target_score=None, lease_seconds=60.0, seed=5)  # fmt: skip
+    config = tiny_cartpole(generations=4, population_size=20, truncation=4, elite_episodes=4,
+                           target_score=None, lease_seconds=60.0, seed=5)  # fmt: skip
     token_env = {"NEURO_TOKEN": TOKEN}
 
     async def scenario() -> None:
-        master = await start_master(config, run_dir, port=0, out=None, token=TOKEN)
-        metrics = start_metrics_server(master.trainer, "127.0.0.1", 0)
-        worker = spawn_worker(master.port, "w-status", env=token_env)
-        trainer, fleet = master.trainer, master.trainer.fleet
-        training = asyncio.ensure_future(trainer.run())
-        address = f"127.0.0.1:{master.port}"
-        try:
-            await until(lambda: trainer.ga.generation >= 1 or training.done(), 90, "generation 1")
-            os.kill(worker.pid, signal.SIGSTOP)  # the run stands still, mid-run
-            await settled(lambda: (trainer.ga.generation, trainer.ga.phase, fleet.counters()))
-            assert not training.done()
-            await until(lambda: len(read_metrics(run_dir / "metrics.jsonl")) ==
-                        trainer.ga.generation, 10, "metrics.jsonl")  # fmt: skip
+        async with live_master(config, run_dir, token=TOKEN) as live:
+            master, training = live.master, live.training
+            metrics = start_metrics_server(master.trainer, "127.0.0.1", 0)
+            worker = spawn_worker(master.port, "w-status", env=token_env)
+            trainer, fleet = master.trainer, master.trainer.fleet
+            address = live.address
+            try:
+                await until(
+                    lambda: trainer.algorithm.generation >= 1 or training.done(), 90, "generation 1"
+                )
+                os.kill(worker.pid, signal.SIGSTOP)  # the run stands still, mid-run
+                await settled(
+                    lambda: (
+                        trainer.algorithm.generation,
+                        trainer.algorithm.phase,
+                        fleet.counters(),
+                    )
+                )
+                assert not training.done()
+                await until(lambda: len(read_metrics(run_dir / "metrics.jsonl")) ==
+                            trainer.algorithm.generation, 10, "metrics.jsonl")  # fmt: skip
 
-            code, out, err = await run_status_command("--master", address, "--json", env=token_env)
-            assert code == 0, err
-            status = json.loads(out)
-            last = check_against_metrics_file(status, run_dir)
-            assert 1 <= status["generation"] < 4 and not status["run_complete"]
-            assert (status["run_id"], status["env_id"]) == (config.run_id, "CartPole-v1")
-            phase_tasks = 20 if status["phase"] == "offspring" else 2 * 4
-            assert status["tasks_pending"] + status["tasks_leased"] + status["tasks_done"] == (
-                phase_tasks
-            )
-            assert status["workers"] == 1
-            [w] = status["worker_status"]
-            assert w["worker_id"] == "w-status" and w["tasks_leased"] == status["tasks_leased"]
-            # Everything the one worker did, and nothing else: recorded phases plus this one's.
-            this_phase = fleet.recorded().values()
-            assert w["frames"] == status["frames"] + sum(frames for _, frames in this_phase)
-            assert w["evaluations"] == status["evaluations"] + sum(len(r) for r, _ in this_phase)
-            assert w["frames"] > 0 and w["frames_per_second"] > 0
-            assert 0 <= w["seconds_since_contact"] < 30
+                code, out, err = await run_status_command(
+                    "--master", address, "--json", env=token_env
+                )
+                assert code == 0, err
+                status = json.loads(out)
+                last = check_against_metrics_file(status, run_dir)
+                assert 1 <= status["generation"] < 4 and not status["run_complete"]
+                assert (status["run_id"], status["env_id"]) == (config.run_id, "CartPole-v1")
+                phase_tasks = 20 if status["phase"] == "offspring" else 2 * 4
+                assert status["tasks_pending"] + status["tasks_leased"] + status["tasks_done"] == (
+                    phase_tasks
+                )
+                assert status["workers"] == 1
+                [w] = status["worker_status"]
+                assert w["worker_id"] == "w-status" and w["tasks_leased"] == status["tasks_leased"]
+                # Everything the one worker did, and nothing else: recorded phases plus this one's.
+                this_phase = fleet.recorded().values()
+                assert w["frames"] == status["frames"] + sum(frames for _, frames in this_phase)
+                assert w["evaluations"] == status["evaluations"] + sum(
+                    len(r) for r, _ in this_phase
+                )
+                assert w["frames"] > 0 and w["frames_per_second"] > 0
+                assert 0 <= w["seconds_since_contact"] < 30
 
-            check_metrics_match(await fetch_metrics(metrics.url), status, last)
+                check_metrics_match(await fetch_metrics(metrics.url), status, last)
 
-            code, human, err = await run_status_command("--master", address, env=token_env)
-            assert code == 0, err
-            phase = status["phase"]
-            assert f"generation    {status['generation']} ({phase} phase)" in human
-            assert f"frames        {status['frames']:,}" in human
-            assert f"evaluations   {status['evaluations']:,}" in human
-            assert f"elite score   {status['elite_score']:.2f}" in human
-            assert f"leases out    {status['tasks_leased']:,} tasks" in human
-            assert f"pending       {status['tasks_pending']:,} tasks" in human
-            assert "run complete  no" in human
-            row = worker_row(human, "w-status")
-            assert row[1:4] == [f"{w['tasks_leased']:,}", f"{w['evaluations']:,}",
-                                f"{w['frames']:,}"]  # fmt: skip
-            assert float(row[5]) >= w["seconds_since_contact"] - 0.05
+                code, human, err = await run_status_command("--master", address, env=token_env)
+                assert code == 0, err
+                phase = status["phase"]
+                assert f"generation    {status['generation']} ({phase} phase)" in human
+                assert f"frames        {status['frames']:,}" in human
+                assert f"evaluations   {status['evaluations']:,}" in human
+                assert f"elite score   {status['elite_score']:.2f}" in human
+                assert f"leases out    {status['tasks_leased']:,} tasks" in human
+                assert f"pending       {status['tasks_pending']:,} tasks" in human
+                assert "run complete  no" in human
+                row = worker_row(human, "w-status")
+                assert row[1:4] == [f"{w['tasks_leased']:,}", f"{w['evaluations']:,}",
+                                    f"{w['frames']:,}"]  # fmt: skip
+                assert float(row[5]) >= w["seconds_since_contact"] - 0.05
 
-            os.kill(worker.pid, signal.SIGCONT)
-            await asyncio.wait_for(training, 90)
-            # It leaves on run_complete; after that nothing calls in, so the figures hold still.
-            await until(lambda: worker.poll() is not None, 30, "the worker to leave")
-            assert worker.returncode == 0
-            code, out, err = await run_status_command("--master", address, "--json", env=token_env)
-            assert code == 0, err
-            status = json.loads(out)
-            last = check_against_metrics_file(status, run_dir)
-            assert status["generation"] == 4 and status["run_complete"]
-            assert (status["frames"], status["evaluations"]) == (
-                last["frames"],
-                last["evaluations"],
-            )
-            assert status["tasks_pending"] == status["tasks_leased"] == status["tasks_done"] == 0
-            [w] = status["worker_status"]
-            assert (w["frames"], w["evaluations"]) == (status["frames"], status["evaluations"])
-            assert w["tasks_leased"] == 0
-            check_metrics_match(await fetch_metrics(metrics.url), status, last)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.pid, signal.SIGCONT)
-            training.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await training
-            stop_processes([worker])
-            await metrics.close()
-            await master.stop(0)
+                await asyncio.wait_for(training, 90)
+                # It leaves on run_complete; after that nothing calls in, so the figures hold still.
+                await until(lambda: worker.poll() is not None, 30, "the worker to leave")
+                assert worker.returncode == 0
+                code, out, err = await run_status_command(
+                    "--master", address, "--json", env=token_env
+                )
+                assert code == 0, err
+                status = json.loads(out)
+                last = check_against_metrics_file(status, run_dir)
+                assert status["generation"] == 4 and status["run_complete"]
+                assert (status["frames"], status["evaluations"]) == (
+                    last["frames"],
+                    last["evaluations"],
+                )
+                assert (
+                    status["tasks_pending"] == status["tasks_leased"] == status["tasks_done"] == 0
+                )
+                [w] = status["worker_status"]
+                assert (w["frames"], w["evaluations"]) == (status["frames"], status["evaluations"])
+                assert w["tasks_leased"] == 0
+                check_metrics_match(await fetch_metrics(metrics.url), status, last)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGCONT)
+                training.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await training
+                stop_processes([worker])
+                await metrics.close()
 
     asyncio.run(scenario())
 
@@ -355,13 +371,10 @@ def with_idle_master(scenario: Callable[[Any], Awaitable[None]], tmp_path: Path,
     """A master that serves Status but trains nothing (nobody leases); always stopped."""
 
     async def main() -> None:
-        config = preset(CARTPOLE, generations=1, population_size=4, truncation=2,
-                        elite_candidates=1, elite_episodes=1, target_score=None)  # fmt: skip
-        master = await start_master(config, tmp_path / "run", port=0, out=None, **kwargs)
-        try:
-            await asyncio.wait_for(scenario(master), 60)
-        finally:
-            await master.stop(0)
+        config = tiny_cartpole(generations=1, population_size=4, elite_candidates=1,
+                               elite_episodes=1, target_score=None)  # fmt: skip
+        async with live_master(config, tmp_path / "run", train=False, **kwargs) as live:
+            await asyncio.wait_for(scenario(live.master), 60)
 
     asyncio.run(main())
 
@@ -453,8 +466,8 @@ def master_cli_kwargs(monkeypatch, tmp_path, *argv: str) -> dict:
     """neuro-master's main() up to the point where it would serve; what it would serve with."""
     served = {}
 
-    async def run_master(*args, **kwargs):
-        served.update(kwargs)
+    async def run_master(config, run_dir, serve, options, **kwargs):
+        served.update(vars(serve), **vars(options))
 
     monkeypatch.setattr("master.run.start.run_master", run_master)
     assert cli.main(["--env", "CartPole-v1", "--run-dir", str(tmp_path / "run"), *argv]) == 0

@@ -146,12 +146,12 @@ def test_a_replayed_generation_keeps_the_point_first_written(tmp_path: Path) -> 
     """A run resumed from an older checkpoint plays generations again; TensorBoard has each once."""
     directory = tmp_path / "tensorboard"
     first = TensorBoardObserver(directory)
-    first.started(trainer(tmp_path))
+    first.started(trainer(tmp_path).snapshot)
     for generation in (0, 1):
         first.generation(record(generation=generation, **position(generation)), 2)
     first.stopped()
     second = TensorBoardObserver(directory)  # a new process, resumed at generation 1
-    second.started(trainer(tmp_path))
+    second.started(trainer(tmp_path).snapshot)
     for generation in (1, 2):
         second.generation(record(generation=generation, **position(generation), score_mean=-1.0), 2)
     second.stopped()

@@ -10,14 +10,52 @@ import signal
 import socket
 import sys
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from neuro.wire import DEFAULT_MASTER
+from neuro.wire import DEFAULT_MASTER, load_token
+
+if TYPE_CHECKING:
+    from worker.client import WorkerClient
+    from worker.spot import SpotNoticeWatcher
 
 SPOT_NOTICE_MODES = ("off", "imds")
 
 
 def worker_main(argv: list[str] | None = None) -> int:
+    """neuro-worker: parse the flags, check them into settings, join the master and work."""
+    parser = worker_parser()
+    settings = worker_settings(parser, parser.parse_args(argv))
+    return run_worker(settings)
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """A worker's checked settings: what the flags and their env vars came to."""
+
+    master: str
+    worker_id: str | None
+    """None: hostname-pid-random, chosen at start."""
+    prefetch: int
+    slots: int
+    stats_file: str | None
+    torch_threads: int
+    noise_cache: str | None
+    decode_cache_mb: int
+    shared_cache_mb: int
+    give_up_after: float
+    log_level: str
+    token: str | None = field(repr=False)  # never in a log line
+    root_certificates: bytes | None
+    spot_endpoint: str | None
+    """The metadata service to poll for a spot notice; None: don't poll."""
+    spot_poll_seconds: float
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    """neuro-worker's flags; each env var is a flag's default."""
     parser = argparse.ArgumentParser(
         prog="neuro-worker", description="Lease evaluation tasks from a neuro master and run them."
     )
@@ -102,7 +140,11 @@ def worker_main(argv: list[str] | None = None) -> int:
         default=os.environ.get("NEURO_SPOT_POLL_SECONDS", "5"),
         help="seconds between spot notice polls (env NEURO_SPOT_POLL_SECONDS; default 5)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> WorkerSettings:
+    """Checks parsed flags; a bad one exits through parser.error (status 2), naming it."""
     # Checked here rather than with `choices`: argparse does not check an env-var default.
     if args.spot_notice not in SPOT_NOTICE_MODES:
         parser.error(f"--spot-notice (or NEURO_SPOT_NOTICE) must be off or imds, "
@@ -126,60 +168,55 @@ def worker_main(argv: list[str] | None = None) -> int:
         parser.error(f"--slots must be >= 1, got {args.slots}")
     if args.torch_threads < 1:
         parser.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
-    from neuro.wire import load_token
+    return WorkerSettings(
+        master=args.master,
+        worker_id=args.worker_id,
+        prefetch=args.prefetch,
+        slots=args.slots,
+        stats_file=args.stats_file,
+        torch_threads=args.torch_threads,
+        noise_cache=args.noise_cache,
+        decode_cache_mb=args.decode_cache_mb,
+        shared_cache_mb=args.shared_cache_mb,
+        give_up_after=args.give_up_after,
+        log_level=args.log_level,
+        token=_read_token(parser, args.token_file),
+        root_certificates=_read_tls_ca(parser, args.tls_ca),
+        spot_endpoint=spot_endpoint,
+        spot_poll_seconds=args.spot_poll_seconds,
+    )
 
+
+def _read_token(parser: argparse.ArgumentParser, token_file: str | None) -> str | None:
     try:
-        token = load_token(args.token_file)
+        return load_token(token_file)
     except ValueError as error:
         parser.error(str(error))
-    root_certificates = None
-    if args.tls_ca:
-        try:
-            root_certificates = Path(args.tls_ca).read_bytes()
-        except OSError as error:
-            parser.error(f"--tls-ca {args.tls_ca}: {error.strerror}")
+
+
+def _read_tls_ca(parser: argparse.ArgumentParser, tls_ca: str | None) -> bytes | None:
+    if not tls_ca:
+        return None
+    try:
+        return Path(tls_ca).read_bytes()
+    except OSError as error:
+        parser.error(f"--tls-ca {tls_ca}: {error.strerror}")
+
+
+def run_worker(settings: WorkerSettings) -> int:
+    """Joins the master and works until done or signalled; returns the exit code."""
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s worker %(message)s"
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s worker %(message)s"
     )
-    import torch
-
-    from worker.client import WorkerClient
-    from worker.evaluator import Evaluator
-
-    torch.set_num_threads(args.torch_threads)
-    from neuro.shared_store import SharedVectorStore
-
-    shared = (
-        SharedVectorStore(budget_bytes=args.shared_cache_mb * 2**20)
-        if args.shared_cache_mb
-        else None
-    )
-    worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    client = WorkerClient(
-        args.master,
-        worker_id,
-        Evaluator(args.noise_cache, args.decode_cache_mb * 2**20, shared),
-        prefetch=args.prefetch,
-        give_up_after_s=args.give_up_after,
-        slots=args.slots,
-        stats_path=args.stats_file,
-        token=token,
-        root_certificates=root_certificates,
-    )
+    client = _build_client(settings)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: client.stop())
     logging.info(
-        "worker %s joining master %s (%s, %s)", worker_id, args.master,
-        "TLS" if root_certificates else "plaintext", "token" if token else "no token",
+        "worker %s joining master %s (%s, %s)", client.worker_id, settings.master,
+        "TLS" if settings.root_certificates else "plaintext",
+        "token" if settings.token else "no token",
     )  # fmt: skip
-    watcher = None
-    if spot_endpoint is not None:
-        from worker.spot import SpotNoticeWatcher
-
-        watcher = SpotNoticeWatcher(client.stop, spot_endpoint, args.spot_poll_seconds)
-        logging.info("watching for spot interruption notices at %s every %gs",
-                     watcher.endpoint, watcher.poll_seconds)  # fmt: skip
-        watcher.start()
+    watcher = _watch_spot_notices(settings, client.stop)
     try:
         code = client.run()
     finally:
@@ -188,12 +225,55 @@ def worker_main(argv: list[str] | None = None) -> int:
     if watcher is not None and watcher.notice is not None:
         logging.warning(
             "worker %s left on a spot interruption notice (%s at %s)",
-            worker_id, watcher.notice.action, watcher.notice.time,
+            client.worker_id, watcher.notice.action, watcher.notice.time,
         )  # fmt: skip
-    logging.info("worker %s done: %s", worker_id, client.counters)
-    if args.stats_file:
+    logging.info("worker %s done: %s", client.worker_id, client.counters)
+    if settings.stats_file:
         client.write_stats()
     return code
+
+
+def _build_client(settings: WorkerSettings) -> WorkerClient:
+    # torch and the client load here, after the flags are checked: a bad flag fails fast.
+    import torch
+
+    from neuro.shared_store import SharedVectorStore
+    from worker.client import WorkerClient
+    from worker.evaluator import Evaluator
+
+    torch.set_num_threads(settings.torch_threads)
+    shared = (
+        SharedVectorStore(budget_bytes=settings.shared_cache_mb * 2**20)
+        if settings.shared_cache_mb
+        else None
+    )
+    worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    return WorkerClient(
+        settings.master,
+        worker_id,
+        Evaluator(settings.noise_cache, settings.decode_cache_mb * 2**20, shared),
+        prefetch=settings.prefetch,
+        give_up_after_s=settings.give_up_after,
+        slots=settings.slots,
+        stats_path=settings.stats_file,
+        token=settings.token,
+        root_certificates=settings.root_certificates,
+    )
+
+
+def _watch_spot_notices(
+    settings: WorkerSettings, stop: Callable[[], None]
+) -> SpotNoticeWatcher | None:
+    """Starts polling for a spot interruption notice, which drains like SIGTERM."""
+    if settings.spot_endpoint is None:
+        return None
+    from worker.spot import SpotNoticeWatcher
+
+    watcher = SpotNoticeWatcher(stop, settings.spot_endpoint, settings.spot_poll_seconds)
+    logging.info("watching for spot interruption notices at %s every %gs",
+                 watcher.endpoint, watcher.poll_seconds)  # fmt: skip
+    watcher.start()
+    return watcher
 
 
 def eval_main(argv: list[str] | None = None) -> int:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,14 +28,41 @@ from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
 from neuro.wire import open_channel
 from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator
+from worker.limits import MAX_PARAMS, check_spec
 from worker.slots import SlotRunner, StepTimers
 
 log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 10.0
 MAX_BACKOFF_S = 5.0
+HEARTBEAT_MIN_S = 0.5
+HEARTBEAT_MAX_S = 300.0
+"""A heartbeat goes every quarter lease, kept in this range whatever the master says."""
+HEARTBEAT_FALLBACK_S = 5.0
+"""The interval when no held task names a usable lease_seconds."""
+RETRY_AFTER_RANGE_S = (0.05, 60.0)
+"""An empty lease's retry_after_ms, kept in this range: 0 would spin, 2**32 ms is 50 days."""
+MAX_ERROR_CHARS = 512
+"""A task's error text is sent up to this long (the master keeps no more)."""
+MAX_UNSUPPORTED_ENVS = 16
+"""Env ids a lease request names as unbuildable here, the most recent ones."""
+MAX_TASK_ID_LENGTH = 256
+"""The master's own limit on the task ids it accepts back (master.fleet.service)."""
 _DYNAMICS = {pb.ATARI_DYNAMICS_REGISTERED: "registered"}
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
               grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}  # fmt: skip
+
+
+def heartbeat_interval(lease_seconds: Iterable[float]) -> float:
+    """Seconds between heartbeats for leases of these lengths (as the master sent them).
+
+    A quarter of the shortest lease, within [HEARTBEAT_MIN_S, HEARTBEAT_MAX_S]: the value comes
+    from the master, and NaN would stop heartbeats (and spin the link thread) while 0 would
+    send thousands a second. Values that are not positive and finite are ignored.
+    """
+    usable = [s for s in lease_seconds if math.isfinite(s) and s > 0]
+    if not usable:
+        return HEARTBEAT_FALLBACK_S
+    return min(max(min(usable) / 4.0, HEARTBEAT_MIN_S), HEARTBEAT_MAX_S)
 
 
 def _genome_key(task: pb.Task) -> tuple:
@@ -44,9 +73,9 @@ def _genome_key(task: pb.Task) -> tuple:
 
 
 def spec_from_task(task: pb.Task) -> EvaluationSpec:
-    """Wire task -> plain evaluation spec."""
+    """Wire task -> plain evaluation spec; ValueError naming a value beyond this worker's limits."""
     genome = task.genome
-    return EvaluationSpec(
+    spec = EvaluationSpec(
         env_id=task.env.env_id,
         seeds=tuple(genome.seeds),
         mutation_power=genome.mutation_power,
@@ -63,6 +92,7 @@ def spec_from_task(task: pb.Task) -> EvaluationSpec:
             else None
         ),
     )
+    return check_spec(spec)
 
 
 class ParametersUnavailable(Exception):
@@ -70,17 +100,41 @@ class ParametersUnavailable(Exception):
 
 
 def fetch_parameters(
-    stub: pb_grpc.EvolutionStub, worker_id: str, version: int, sha256: str
+    stub: pb_grpc.EvolutionStub,
+    worker_id: str,
+    version: int,
+    sha256: str,
+    num_params: int | None = None,
 ) -> np.ndarray:
-    """Streams one ES parameter version in chunks and checks it against its sha256."""
+    """Streams one ES parameter version in chunks and checks it against its sha256.
+
+    `num_params` (the task's) fixes the size; the stream's declared size is checked against it
+    and MAX_PARAMS before anything accumulates.
+    """
     request = pb.ParametersRequest(
         protocol_version=pb.PROTOCOL_VERSION_CURRENT, worker_id=worker_id, version=version
     )
     data, total = bytearray(), None
+    limit = 4 * MAX_PARAMS
     try:
         for chunk in stub.FetchParameters(request, timeout=CALL_TIMEOUT_S * 6):
             if chunk.offset != len(data) or chunk.version != version:
                 raise ValueError(f"parameter chunk at {chunk.offset} out of order")
+            if chunk.total_bytes > limit:
+                raise ValueError(
+                    f"parameters of version {version} declare {chunk.total_bytes} bytes, "
+                    f"more than the limit of {limit}"
+                )
+            if num_params is not None and chunk.total_bytes != 4 * num_params:
+                raise ValueError(
+                    f"parameters of version {version} declare {chunk.total_bytes} bytes, "
+                    f"the task's {num_params} parameters are {4 * num_params}"
+                )
+            if len(data) + len(chunk.data) > chunk.total_bytes:
+                raise ValueError(
+                    f"parameters of version {version} overrun their declared "
+                    f"{chunk.total_bytes} bytes"
+                )
             data += chunk.data
             total, digest = chunk.total_bytes, chunk.sha256
     except grpc.RpcError as error:
@@ -145,7 +199,8 @@ class WorkerClient:
         self._stop = threading.Event()
         self._wake = threading.Condition()
         self._shared = _Shared()
-        self._unsupported_envs: set[str] = set()
+        self._unsupported_envs: dict[str, None] = {}
+        """Env ids that failed to build here, oldest first (a dict: an ordered set)."""
 
     def __repr__(self) -> str:
         return f"WorkerClient({self.worker_id!r} -> {self.address}, {self.counters})"
@@ -227,15 +282,25 @@ class WorkerClient:
             runner.start(task.task_id, task, spec_from_task(task))
         except Exception as error:  # a task that cannot start is reported; the master decides
             if isinstance(error, EnvBuildError):
-                self._unsupported_envs.add(task.env.env_id)
+                self._note_unsupported(task.env.env_id)
             else:
                 log.exception("task %s could not start", task.task_id)
-            result = pb.TaskResult(task_id=task.task_id, run_id=task.run_id, error=str(error))
+            # Bounded: an outsized error would make the report bigger than the master accepts,
+            # and the same batch would be resent forever.
+            text = str(error)[:MAX_ERROR_CHARS] or type(error).__name__
+            result = pb.TaskResult(task_id=task.task_id, run_id=task.run_id, error=text)
             self.counters.tasks_failed += 1
             with self._wake:
                 self._shared.running.pop(task.task_id, None)
                 self._shared.outbox.append(result)
                 self._wake.notify_all()
+
+    def _note_unsupported(self, env_id: str) -> None:
+        unsupported = self._unsupported_envs
+        unsupported.pop(env_id, None)
+        unsupported[env_id] = None
+        while len(unsupported) > MAX_UNSUPPORTED_ENVS:
+            del unsupported[next(iter(unsupported))]
 
     def _finish(self, finished: list) -> None:
         results = []
@@ -403,14 +468,33 @@ class WorkerClient:
             ),
             timeout=CALL_TIMEOUT_S,
         )
-        tasks = self._with_parameters(stub, reply.tasks)
+        tasks = self._with_parameters(stub, self._acceptable(reply.tasks, wanted))
         with self._wake:
             self._shared.inbox.extend(tasks)
             self._shared.run_complete = reply.run_complete
             self._wake.notify_all()
         if reply.tasks:
             return 0.0
-        return reply.retry_after_ms / 1000.0
+        low, high = RETRY_AFTER_RANGE_S
+        return min(max(reply.retry_after_ms / 1000.0, low), high)
+
+    def _acceptable(self, tasks, wanted: int) -> list[pb.Task]:
+        """The granted tasks this worker takes on; the others' leases lapse on the master."""
+        kept = []
+        for task in tasks:
+            if len(kept) == wanted:
+                # More than asked for: holding them would only delay them.
+                log.warning("worker %s: master granted %d tasks, %d asked; extra ones skipped",
+                            self.worker_id, len(tasks), wanted)  # fmt: skip
+                break
+            if len(task.task_id) > MAX_TASK_ID_LENGTH:
+                # Every report naming it would exceed what the master accepts, and be resent
+                # forever.
+                log.warning("worker %s: task id of %d characters skipped", self.worker_id,
+                            len(task.task_id))  # fmt: skip
+                continue
+            kept.append(task)
+        return kept
 
     def _with_parameters(self, stub: pb_grpc.EvolutionStub, tasks) -> list[pb.Task]:
         """ES tasks whose parameter version is here (fetched once per version); others as is."""
@@ -421,7 +505,11 @@ class WorkerClient:
                 if not self.evaluator.has_parameters(es.version):
                     try:
                         theta = fetch_parameters(
-                            stub, self.worker_id, es.version, es.parameters_sha256
+                            stub,
+                            self.worker_id,
+                            es.version,
+                            es.parameters_sha256,
+                            es.num_params or None,  # 0: a master that does not say
                         )
                     except ParametersUnavailable:
                         continue  # a finished update: the master no longer wants this task
@@ -450,12 +538,14 @@ class WorkerClient:
             timeout=CALL_TIMEOUT_S,
         )
         dropped = set(reply.dropped_task_ids)
-        if dropped:
+        if dropped or reply.run_complete:
             with self._wake:
                 shared = self._shared
                 shared.inbox = deque(t for t in shared.inbox if t.task_id not in dropped)
                 shared.cancelled.extend(t for t in dropped if t in shared.running)
-        return min(t.lease_seconds for t in held) / 4.0
+                shared.run_complete = shared.run_complete or reply.run_complete
+                self._wake.notify_all()
+        return heartbeat_interval(t.lease_seconds for t in held)
 
     def _hand_back(self, stub: pb_grpc.EvolutionStub) -> None:
         with self._wake:

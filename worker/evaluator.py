@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from neuro.decode import GenomeDecoder
-from neuro.envs.make import PAPER, EnvHandle, make_env
+from neuro.decode import CacheBudget, GenomeDecoder
+from neuro.envs.make import PAPER, EnvHandle
+from neuro.layout import check_parameter_count
 from neuro.noise import NoiseTableSpec, load_noise_table, noise_offset
 from neuro.shared_store import SharedVectorStore
+from worker.envs import EnvBuildError as EnvBuildError  # the client and tests import it here
+from worker.envs import EnvPool
 from worker.policies import Policy, build_policy
-from worker.rollout import run_episode
+from worker.rollout import EpisodeResult, play
 
 
 @dataclass(frozen=True)
@@ -65,9 +69,14 @@ class Evaluation:
     returns: list[float]
     frames: list[int]
 
+    @classmethod
+    def of(cls, episodes: Sequence[EpisodeResult]) -> Evaluation:
+        """The returns and emulator frames of a task's episodes, in play order."""
+        return cls([e.total_reward for e in episodes], [e.frames for e in episodes])
 
-class EnvBuildError(Exception):
-    """The env could not be built on this worker (missing ROM, unknown id, ...)."""
+
+MAX_DECODERS = 8
+"""Decoders (sigma, noise table, network) an Evaluator keeps; a run uses one or two."""
 
 
 class Evaluator:
@@ -78,14 +87,23 @@ class Evaluator:
         noise_cache_dir: str | None = None,
         decode_cache_bytes: int = 512 * 2**20,
         shared_store: SharedVectorStore | None = None,
+        max_decoders: int = MAX_DECODERS,
     ):
-        """`shared_store`: where this host's workers share decoded parents (None: private)."""
+        """`shared_store`: where this host's workers share decoded parents (None: private).
+
+        `decode_cache_bytes` bounds the decoded vectors of all decoders together, and at most
+        `max_decoders` decoders (each holding a noise table) are kept.
+        """
+        if max_decoders < 1:
+            raise ValueError(f"max_decoders must be >= 1, got {max_decoders}")
         self._noise_cache_dir = noise_cache_dir
         self._decode_cache_bytes = decode_cache_bytes
+        self._decode_budget = CacheBudget(decode_cache_bytes)
+        self._max_decoders = max_decoders
         self._shared_store = shared_store
-        self._envs: dict[tuple[str, str], EnvHandle] = {}
+        self._envs = EnvPool()
         self._policies: dict[tuple, Policy] = {}
-        self._decoders: dict[tuple, GenomeDecoder] = {}
+        self._decoders: OrderedDict[tuple, GenomeDecoder] = OrderedDict()  # least recent first
         # ES parameter versions fetched by the link thread, read by the episode thread.
         self._es_parameters: dict[int, np.ndarray] = {}
         self._es_lock = threading.Lock()
@@ -108,6 +126,7 @@ class Evaluator:
         if spec.parameters_file is not None:
             return load_parameters_file(spec.parameters_file, spec.parameters_sha256)
         if spec.perturbation is not None:
+            check_parameter_count(policy.num_params, spec.noise_table.size)  # before building it
             version, index, sign, sigma = spec.perturbation
             with self._es_lock:
                 theta = self._es_parameters.get(version)
@@ -122,25 +141,14 @@ class Evaluator:
 
     def evaluate(self, spec: EvaluationSpec) -> Evaluation:
         """Plays spec.episodes episodes; the first reset is seeded with spec.env_seed."""
-        handle = self._env(spec.env_id, spec.atari_dynamics)
-        policy = self._policy(spec, handle)
-        policy.load_parameters(self.parameters(spec, policy))
-        returns, frames = [], []
-        for episode in range(spec.episodes):
-            seed = spec.env_seed if episode == 0 else None
-            result = run_episode(policy.act, handle, spec.max_episode_steps, seed)
-            returns.append(result.total_reward)
-            frames.append(result.frames)
-        return Evaluation(returns, frames)
-
-    def _env(self, env_id: str, dynamics: str) -> EnvHandle:
-        key = (env_id, dynamics)
-        if key not in self._envs:
-            try:
-                self._envs[key] = make_env(env_id, dynamics)
-            except Exception as error:  # any failure to build is reported, never fatal
-                raise EnvBuildError(f"cannot build env {env_id!r}: {error}") from error
-        return self._envs[key]
+        handle = self._envs.take(spec.env_id, spec.atari_dynamics)
+        try:
+            policy = self._policy(spec, handle)
+            policy.load_parameters(self.parameters(spec, policy))
+            episodes = play(policy, handle, spec.episodes, spec.max_episode_steps, spec.env_seed)
+        finally:
+            self._envs.give(spec.env_id, spec.atari_dynamics, handle)
+        return Evaluation.of(episodes)
 
     def _policy(self, spec: EvaluationSpec, handle: EnvHandle) -> Policy:
         key = (spec.architecture, spec.hidden_sizes, spec.env_id, spec.atari_dynamics)
@@ -155,14 +163,23 @@ class Evaluator:
         """One decoder (and parent cache) per network shape, noise table and sigma."""
         key = (spec.noise_table, spec.mutation_power, spec.architecture, spec.hidden_sizes,
                spec.env_id, spec.atari_dynamics)  # fmt: skip
-        if key not in self._decoders:
-            table = load_noise_table(spec.noise_table, self._noise_cache_dir)
-            namespace = "|".join(map(repr, (*key, policy.num_params)))
-            self._decoders[key] = GenomeDecoder(
-                table, policy.init_scale(), spec.mutation_power, self._decode_cache_bytes,
-                shared=self._shared_store, shared_namespace=namespace,
-            )  # fmt: skip
-        return self._decoders[key]
+        decoder = self._decoders.get(key)
+        if decoder is not None:
+            self._decoders.move_to_end(key)
+            return decoder
+        # Before building the table or the init scale: a network the table cannot hold fails.
+        check_parameter_count(policy.num_params, spec.noise_table.size)
+        table = load_noise_table(spec.noise_table, self._noise_cache_dir)
+        namespace = "|".join(map(repr, (*key, policy.num_params)))
+        decoder = GenomeDecoder(
+            table, policy.init_scale(), spec.mutation_power, self._decode_cache_bytes,
+            shared=self._shared_store, shared_namespace=namespace, budget=self._decode_budget,
+        )  # fmt: skip
+        self._decoders[key] = decoder
+        while len(self._decoders) > self._max_decoders:
+            _, dropped = self._decoders.popitem(last=False)
+            dropped.clear()  # its vectors leave the shared budget now, not at garbage collection
+        return decoder
 
 
 def mean_and_spread(values: Sequence[float]) -> str:

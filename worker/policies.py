@@ -26,6 +26,9 @@ from neuro.layout import (
     DEFAULT_MLP_HIDDEN,
     HIDDEN_STD,
     OUTPUT_STD,
+    check_parameter_count,
+    parameter_count,
+    parameter_layout,
 )
 
 __all__ = ["ARCHITECTURES", "ATARI_SHAPE", "DEFAULT_MLP_HIDDEN", "Policy", "build_policy"]
@@ -211,6 +214,8 @@ def build_policy(
         hidden = tuple(hidden_sizes) or DEFAULT_MLP_HIDDEN
         if any(int(h) < 1 for h in hidden):
             raise ValueError(f"hidden sizes must be >= 1, got {hidden}")
+        # Counted before anything is allocated: sizes from a master must not take 64 GiB.
+        check_parameter_count(parameter_count(parameter_layout("mlp", obs_shape, n_out, hidden)))
         # The meta device skips allocation and default init; Policy installs real parameters.
         with torch.device("meta"):
             module: nn.Module = _MLP(_box_dim(observation_space), [int(h) for h in hidden], n_out)
@@ -223,6 +228,7 @@ def build_policy(
             raise ValueError(
                 f"{architecture!r} has fixed layers; hidden_sizes {hidden_sizes} given"
             )
+        check_parameter_count(parameter_count(parameter_layout(architecture, obs_shape, n_out)))
         with torch.device("meta"):
             module = _AtariNet(n_out, same_padding=architecture == "deepga")
     return Policy(module, obs_shape, action_space)

@@ -1,12 +1,54 @@
-"""One episode of a policy in an env: pure apart from the env itself."""
+"""The one rollout loop: episodes in several envs stepped in lockstep, pure apart from the envs.
+
+The fleet's slots, replay, video and the benchmarks all play through `Rollout`, so an episode
+scores the same wherever it is played. Envs that share an actor (episodes of one genome) share
+one batched forward pass per step.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+import time
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
 
 from neuro.envs.make import EnvHandle
+
+
+class Actor(Protocol):
+    """Anything that maps a batch of observations (leading axis) to one action per row."""
+
+    def act_batch(self, observations: np.ndarray) -> np.ndarray | Sequence[Any]: ...
+
+
+class FunctionActor:
+    """A per-observation act function as an Actor: each row of a batch is one call."""
+
+    def __init__(self, act: Callable[[Any], Any]) -> None:
+        self._act = act
+
+    def act_batch(self, observations: np.ndarray) -> list[Any]:
+        return [self._act(observation) for observation in observations]
+
+
+@dataclass
+class StepTimers:
+    """Where a worker's time goes; the benchmark prints these."""
+
+    env_s: float = 0.0
+    forward_s: float = 0.0
+    decode_s: float = 0.0
+    wait_s: float = 0.0
+    """Time with every slot empty, waiting on the master for work."""
+    steps: int = 0
+    forward_calls: int = 0
+    episodes: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -14,6 +56,124 @@ class EpisodeResult:
     total_reward: float
     steps: int
     frames: int
+
+
+@dataclass(eq=False)
+class _Lane:
+    """One env playing a run of episodes."""
+
+    handle: EnvHandle
+    actor: Actor
+    episodes: int
+    max_steps: int
+    discrete: bool
+    observation: Any
+    action: Any = None
+    total: float = 0.0
+    steps: int = 0
+    results: list[EpisodeResult] = field(default_factory=list)
+
+
+class Rollout:
+    """Plays runs of episodes in lockstep, one agent step in every env per `step()`.
+
+    A run's first reset is seeded with its `seed`; its later episodes continue the env's RNG
+    from there, so a run is reproducible from (actor, env, seed) alone.
+    """
+
+    def __init__(self, timers: StepTimers | None = None) -> None:
+        self.timers = timers or StepTimers()
+        self._lanes: dict[Hashable, _Lane] = {}
+
+    def __repr__(self) -> str:
+        return f"Rollout(runs={len(self._lanes)}, {self.timers})"
+
+    def __len__(self) -> int:
+        return len(self._lanes)
+
+    def add(
+        self,
+        key: Hashable,
+        handle: EnvHandle,
+        actor: Actor,
+        episodes: int = 1,
+        max_steps: int = 0,
+        seed: int | None = None,
+    ) -> None:
+        """Resets the env (seeded) for `episodes` episodes of <= `max_steps` steps (0: no cap)."""
+        if key in self._lanes:
+            raise ValueError(f"a run {key!r} is already playing")
+        if episodes < 1:
+            raise ValueError(f"episodes must be >= 1, got {episodes}")
+        observation, _ = handle.env.reset(seed=seed)
+        discrete = handle.env.action_space.shape == ()
+        self._lanes[key] = _Lane(handle, actor, episodes, max_steps, discrete, observation)
+
+    def remove(self, key: Hashable) -> bool:
+        """Abandons a run mid-episode; False if there is none under `key`."""
+        return self._lanes.pop(key, None) is not None
+
+    def step(self) -> list[tuple[Hashable, list[EpisodeResult]]]:
+        """One agent step in every env; returns the runs that finished, with their episodes."""
+        by_actor: dict[int, list[_Lane]] = defaultdict(list)
+        for lane in self._lanes.values():
+            by_actor[id(lane.actor)].append(lane)
+        started = time.perf_counter()
+        for lanes in by_actor.values():
+            batch = np.stack([lane.observation for lane in lanes])
+            for lane, action in zip(lanes, lanes[0].actor.act_batch(batch), strict=True):
+                lane.action = action
+            self.timers.forward_calls += 1
+        stepped = time.perf_counter()
+        self.timers.forward_s += stepped - started
+        self.timers.steps += len(self._lanes)
+        finished = []
+        for key, lane in list(self._lanes.items()):
+            # Envs check actions against their space: a Discrete one wants an int.
+            action = int(lane.action) if lane.discrete else lane.action
+            observation, reward, terminated, truncated, _ = lane.handle.env.step(action)
+            lane.observation = observation
+            lane.total += float(reward)
+            lane.steps += 1
+            episode_over = terminated or truncated or lane.steps == lane.max_steps
+            if episode_over and self._end_episode(lane):
+                del self._lanes[key]
+                finished.append((key, lane.results))
+        self.timers.env_s += time.perf_counter() - stepped
+        return finished
+
+    def run(self) -> dict[Hashable, list[EpisodeResult]]:
+        """Steps until every run has finished; their episodes by key."""
+        done: dict[Hashable, list[EpisodeResult]] = {}
+        while self._lanes:
+            done.update(self.step())
+        return done
+
+    def _end_episode(self, lane: _Lane) -> bool:
+        """Records the episode; starts the run's next one. True when the run is done."""
+        frames = lane.handle.frames_used(lane.steps)
+        lane.results.append(EpisodeResult(lane.total, lane.steps, frames))
+        self.timers.episodes += 1
+        lane.total, lane.steps = 0.0, 0
+        if len(lane.results) == lane.episodes:
+            return True
+        # Later episodes continue the env's RNG from the run's one seeded reset.
+        lane.observation, _ = lane.handle.env.reset()
+        return False
+
+
+def play(
+    actor: Actor,
+    handle: EnvHandle,
+    episodes: int = 1,
+    max_steps: int = 0,
+    seed: int | None = None,
+    timers: StepTimers | None = None,
+) -> list[EpisodeResult]:
+    """Plays one run of `episodes` episodes in one env (the replay and video path)."""
+    rollout = Rollout(timers)
+    rollout.add("run", handle, actor, episodes, max_steps, seed)
+    return rollout.run()["run"]
 
 
 def run_episode(
@@ -27,12 +187,4 @@ def run_episode(
     `seed` seeds the reset; None continues the env's RNG, so a sequence of episodes started
     from one seeded reset is reproducible.
     """
-    observation, _ = handle.env.reset(seed=seed)
-    total = 0.0
-    steps = 0
-    while True:
-        observation, reward, terminated, truncated, _ = handle.env.step(act(observation))
-        total += float(reward)
-        steps += 1
-        if terminated or truncated or steps == max_steps:
-            return EpisodeResult(total, steps, handle.frames_used(steps))
+    return play(FunctionActor(act), handle, 1, max_steps, seed)[0]

@@ -1,52 +1,33 @@
-"""Several episodes at once on one core: one env per slot, one forward pass per genome.
+"""The fleet's tasks on one core: up to `capacity` tasks played at once through one Rollout.
 
-Episodes of the same genome (an elite re-evaluated over many episodes) share a single
-batched forward pass, which costs about half as much per sample as batch-1 passes; episodes
-of different genomes each get their own network, loaded once per episode.
+Episodes of the same genome (an elite re-evaluated over many episodes) share one loaded
+policy, so the rollout gives them a single batched forward pass, which costs about half as
+much per sample as batch-1 passes; episodes of different genomes each get their own network,
+loaded once per task.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from neuro.envs.make import EnvHandle, make_env
-from worker.evaluator import EnvBuildError, Evaluation, EvaluationSpec, Evaluator
+from neuro.envs.make import EnvHandle
+from worker.envs import EnvPool
+from worker.evaluator import Evaluation, EvaluationSpec, Evaluator
 from worker.policies import Policy, build_policy
+from worker.rollout import Rollout, StepTimers
+
+__all__ = ["SlotRunner", "StepTimers"]
 
 
 @dataclass
-class StepTimers:
-    """Where a worker's time goes; the benchmark prints these."""
-
-    env_s: float = 0.0
-    forward_s: float = 0.0
-    decode_s: float = 0.0
-    wait_s: float = 0.0
-    """Time with every slot empty, waiting on the master for work."""
-    steps: int = 0
-    forward_calls: int = 0
-    episodes: int = 0
-
-    def as_dict(self) -> dict[str, float]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class _Slot:
+class _Task:
     task: Any
     spec: EvaluationSpec
     handle: EnvHandle
     genome_key: tuple
-    observation: Any = None
-    total: float = 0.0
-    steps: int = 0
-    returns: list[float] = field(default_factory=list)
-    frames: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -64,108 +45,67 @@ class SlotRunner:
         self.evaluator = evaluator
         self.capacity = capacity
         self.timers = timers or StepTimers()
-        self._slots: dict[str, _Slot] = {}
-        self._free_envs: dict[tuple[str, str], list[EnvHandle]] = defaultdict(list)
+        self._rollout = Rollout(self.timers)
+        self._tasks: dict[str, _Task] = {}
+        self._envs = EnvPool()
         self._loaded: dict[tuple, _LoadedPolicy] = {}
         self._spare_policies: dict[tuple, list[Policy]] = defaultdict(list)
 
     def __repr__(self) -> str:
-        return f"SlotRunner(busy={len(self._slots)}/{self.capacity}, genomes={len(self._loaded)})"
+        return f"SlotRunner(busy={len(self._tasks)}/{self.capacity}, genomes={len(self._loaded)})"
 
     @property
     def free(self) -> int:
-        return self.capacity - len(self._slots)
+        return self.capacity - len(self._tasks)
 
     @property
     def busy(self) -> bool:
-        return bool(self._slots)
+        return bool(self._tasks)
 
     def task_ids(self) -> list[str]:
-        return list(self._slots)
+        return list(self._tasks)
 
     def start(self, task_id: str, task: Any, spec: EvaluationSpec) -> None:
         """Takes a task into a free slot; EnvBuildError if its env cannot be built here."""
         if not self.free:
             raise RuntimeError(f"no free slot for {task_id}: {self!r}")
-        handle = self._env(spec)
+        handle = self._envs.take(spec.env_id, spec.atari_dynamics)
         genome_key = (spec.architecture, spec.hidden_sizes, spec.env_id, spec.atari_dynamics,
                       spec.noise_table, spec.mutation_power, spec.seeds, spec.perturbation,
                       spec.parameters_file)  # fmt: skip
         try:
-            self._acquire_policy(genome_key, spec, handle)
+            policy = self._acquire_policy(genome_key, spec, handle)
         except BaseException:
-            self._free_envs[(spec.env_id, spec.atari_dynamics)].append(handle)
+            self._envs.give(spec.env_id, spec.atari_dynamics, handle)
             raise
-        slot = _Slot(task, spec, handle, genome_key)
-        slot.observation, _ = handle.env.reset(seed=spec.env_seed)
-        self._slots[task_id] = slot
+        self._tasks[task_id] = _Task(task, spec, handle, genome_key)
+        try:
+            self._rollout.add(task_id, handle, policy, spec.episodes, spec.max_episode_steps,
+                              spec.env_seed)  # fmt: skip
+        except BaseException:
+            self._release(task_id)
+            raise
 
     def step(self) -> list[tuple[str, Any, Evaluation]]:
         """One agent step in every slot; returns the tasks that finished (id, task, returns)."""
-        by_genome: dict[tuple, list[_Slot]] = defaultdict(list)
-        for slot in self._slots.values():
-            by_genome[slot.genome_key].append(slot)
-        actions: dict[int, Any] = {}
-        started = time.perf_counter()
-        for key, slots in by_genome.items():
-            batch = np.stack([s.observation for s in slots])
-            for slot, action in zip(slots, self._loaded[key].policy.act_batch(batch), strict=True):
-                actions[id(slot)] = action
-            self.timers.forward_calls += 1
-        stepped = time.perf_counter()
-        self.timers.forward_s += stepped - started
         finished = []
-        for task_id, slot in list(self._slots.items()):
-            action = actions[id(slot)]
-            if slot.handle.env.action_space.shape == ():
-                action = int(action)
-            observation, reward, terminated, truncated, _ = slot.handle.env.step(action)
-            slot.observation = observation
-            slot.total += float(reward)
-            slot.steps += 1
-            cap = slot.spec.max_episode_steps
-            episode_over = terminated or truncated or slot.steps == cap
-            if episode_over and self._end_episode(slot):
-                finished.append((task_id, slot.task, Evaluation(slot.returns, slot.frames)))
-                self._release(task_id)
-        self.timers.env_s += time.perf_counter() - stepped
-        self.timers.steps += len(actions)
+        for task_id, episodes in self._rollout.step():
+            task = self._release(task_id)
+            finished.append((task_id, task.task, Evaluation.of(episodes)))
         return finished
 
     def drop(self, task_id: str) -> Any | None:
         """Abandons a task mid-episode; returns it (None if it is not here)."""
-        slot = self._slots.get(task_id)
-        if slot is None:
+        if task_id not in self._tasks:
             return None
-        self._release(task_id)
-        return slot.task
+        self._rollout.remove(task_id)
+        return self._release(task_id).task
 
-    def _end_episode(self, slot: _Slot) -> bool:
-        """Records the episode; starts the task's next one. True when the task is done."""
-        slot.returns.append(slot.total)
-        slot.frames.append(slot.handle.frames_used(slot.steps))
-        self.timers.episodes += 1
-        slot.total, slot.steps = 0.0, 0
-        if len(slot.returns) == slot.spec.episodes:
-            return True
-        # Later episodes continue the env's RNG from the task's one seeded reset.
-        slot.observation, _ = slot.handle.env.reset()
-        return False
-
-    def _env(self, spec: EvaluationSpec) -> EnvHandle:
-        pool = self._free_envs[(spec.env_id, spec.atari_dynamics)]
-        if pool:
-            return pool.pop()
-        try:
-            return make_env(spec.env_id, spec.atari_dynamics)
-        except Exception as error:  # any failure to build is reported, never fatal
-            raise EnvBuildError(f"cannot build env {spec.env_id!r}: {error}") from error
-
-    def _acquire_policy(self, key: tuple, spec: EvaluationSpec, handle: EnvHandle) -> None:
+    def _acquire_policy(self, key: tuple, spec: EvaluationSpec, handle: EnvHandle) -> Policy:
         loaded = self._loaded.get(key)
         if loaded is not None:
             loaded.users += 1
-            return
+            return loaded.policy
         shape_key = key[:4]
         spares = self._spare_policies[shape_key]
         env = handle.env
@@ -180,12 +120,15 @@ class SlotRunner:
         policy.load_parameters(self.evaluator.parameters(spec, policy))
         self.timers.decode_s += time.perf_counter() - started
         self._loaded[key] = _LoadedPolicy(policy, 1)
+        return policy
 
-    def _release(self, task_id: str) -> None:
-        slot = self._slots.pop(task_id)
-        self._free_envs[(slot.spec.env_id, slot.spec.atari_dynamics)].append(slot.handle)
-        loaded = self._loaded[slot.genome_key]
+    def _release(self, task_id: str) -> _Task:
+        """Frees a task's slot: its env back to the pool, its policy to the spares if unused."""
+        task = self._tasks.pop(task_id)
+        self._envs.give(task.spec.env_id, task.spec.atari_dynamics, task.handle)
+        loaded = self._loaded[task.genome_key]
         loaded.users -= 1
         if loaded.users == 0:
-            del self._loaded[slot.genome_key]
-            self._spare_policies[slot.genome_key[:4]].append(loaded.policy)
+            del self._loaded[task.genome_key]
+            self._spare_policies[task.genome_key[:4]].append(loaded.policy)
+        return task

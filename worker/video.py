@@ -14,7 +14,7 @@ import numpy as np
 from neuro.envs.make import EnvHandle, make_env
 from worker.evaluator import EvaluationSpec, Evaluator
 from worker.policies import build_policy
-from worker.rollout import run_episode
+from worker.rollout import play
 
 VIDEO_EXTRA_HINT = "install the `video` extra: pip install 'neuro[video]'"
 DEFAULT_FPS = 30.0
@@ -119,15 +119,12 @@ def play_recorded(spec: EvaluationSpec, video: Video, evaluator: Evaluator) -> l
     writer = imageio.get_writer(partial, format="FFMPEG", fps=fps, macro_block_size=2)
     recorder = FrameRecorder(handle.env, writer.append_data, video.episodes)
     try:
+        # The recorder is the env the shared loop steps: recording needs no hook in the loop.
         recorded = EnvHandle(recorder, handle.atari, handle.dynamics, handle.frames_used)
         policy = build_policy(spec.architecture, recorder.observation_space,
                               recorder.action_space, spec.hidden_sizes)  # fmt: skip
-        policy.load_parameters(evaluator.decoder(spec, policy).decode(spec.seeds))
-        returns = []
-        for episode in range(spec.episodes):
-            seed = spec.env_seed if episode == 0 else None
-            result = run_episode(policy.act, recorded, spec.max_episode_steps, seed)
-            returns.append(result.total_reward)
+        policy.load_parameters(evaluator.parameters(spec, policy))
+        episodes = play(policy, recorded, spec.episodes, spec.max_episode_steps, spec.env_seed)
         writer.close()
         os.replace(partial, path)
     except BaseException:
@@ -138,4 +135,4 @@ def play_recorded(spec: EvaluationSpec, video: Video, evaluator: Evaluator) -> l
         recorder.close()
     video.fps = fps
     video.frames = recorder.frames
-    return returns
+    return [episode.total_reward for episode in episodes]

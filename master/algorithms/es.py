@@ -15,11 +15,21 @@ from typing import Any
 
 import numpy as np
 
-from master.algorithms.ga import OFFSPRING, EvaluationRequest
+from master.algorithms.base import (
+    OFFSPRING,
+    Algorithm,
+    EvaluationRequest,
+    GenerationSummary,
+    Parameters,
+    Perturbation,
+    check_format,
+    check_returns,
+)
 from neuro.noise import noise_offset
 
 NOISE_INDEX_BOUND = 2**32
 THETA = "theta"
+STATE_FORMAT = "neuro.es/1"
 
 
 @dataclass(frozen=True)
@@ -61,24 +71,6 @@ class ESConfig:
         return 2 * self.pairs + self.eval_episodes
 
 
-@dataclass(frozen=True)
-class Perturbation:
-    """One ES task: parameters of `version` plus sign * sigma * eps(noise_index); sign 0: theta."""
-
-    version: int
-    noise_index: int
-    sign: int
-
-
-@dataclass(frozen=True)
-class Parameters:
-    """A parameter vector with the version it belongs to (the ES's "elite")."""
-
-    version: int
-    theta: np.ndarray
-    seeds: tuple[int, ...] = ()
-
-
 @dataclass
 class ESState:
     """Everything the ES needs to continue; to_dict() plus arrays() round-trip it."""
@@ -109,6 +101,7 @@ class ESState:
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible part of the state; the arrays go to a sidecar named by their hash."""
         return {
+            "format": STATE_FORMAT,
             "generation": self.generation,
             "phase": self.phase,
             "adam_steps": self.adam_steps,
@@ -123,6 +116,7 @@ class ESState:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], arrays: np.ndarray) -> ESState:
         """Inverse of to_dict, with the sidecar's arrays."""
+        check_format(data, STATE_FORMAT)
         if arrays.shape != (3, int(data["num_params"])) or arrays.dtype != np.float32:
             raise ValueError(f"ES arrays have {arrays.dtype} {arrays.shape}, expected (3, n) f32")
         score = data["elite_score"]
@@ -140,39 +134,17 @@ class ESState:
 
 
 @dataclass(frozen=True)
-class ESSummary:
-    """What one update produced; shaped like the GA's GenerationSummary for the Trainer."""
+class ESSummary(GenerationSummary):
+    """What one update produced.
 
-    generation: int
-    scores: tuple[float, ...]
-    """One-episode score of each perturbation (+ then - per pair), NaN where it failed."""
-    elite: Parameters
-    """The parameters that were evaluated unperturbed this update (before the step)."""
-    elite_score: float
+    `scores`: one per perturbation (+ then - per pair); `elite`: the parameters evaluated
+    unperturbed this update (before the step), and `elite_score` their mean.
+    """
+
     theta_rank: int | None
     """How many perturbations scored strictly above theta's first episode (0: theta is best)."""
-    evaluations: int
     grad_norm: float
 
-    @property
-    def valid_scores(self) -> list[float]:
-        return [s for s in self.scores if math.isfinite(s)]
-
-    @property
-    def score_mean(self) -> float:
-        valid = self.valid_scores
-        return float(np.mean(valid)) if valid else math.nan
-
-    @property
-    def score_max(self) -> float:
-        valid = self.valid_scores
-        return max(valid) if valid else math.nan
-
-    @property
-    def failed(self) -> int:
-        return len(self.scores) - len(self.valid_scores)
-
-    @property
     def metrics(self) -> dict[str, Any]:
         """ES figures metrics.jsonl records beside the common ones."""
         return {
@@ -217,8 +189,10 @@ def gradient_estimate(
     return grad / (max(len(noise_indices), 1) * 2 * sigma)
 
 
-class EvolutionStrategy:
+class EvolutionStrategy(Algorithm):
     """Antithetic ES with centered-rank shaping and Adam, asked and told like the GA."""
+
+    name = "es"
 
     def __init__(
         self,
@@ -253,7 +227,8 @@ class EvolutionStrategy:
         return self.state.phase
 
     @property
-    def elite(self) -> Parameters | None:
+    def elite(self) -> None:
+        """No genome: the ES's elite is theta, which the run dir saves from each summary."""
         return None
 
     @property
@@ -263,6 +238,21 @@ class EvolutionStrategy:
     @property
     def num_params(self) -> int:
         return int(self.state.theta.size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's algorithm section; theta and Adam's moments are in arrays()."""
+        return self.state.to_dict()
+
+    def arrays(self) -> np.ndarray:
+        """theta, m and v (3, n) float32; a new array each call, so it can be written later."""
+        return self.state.arrays()
+
+    @classmethod
+    def from_state_dict(
+        cls, config: ESConfig, table: np.ndarray, document: Mapping[str, Any], arrays: np.ndarray
+    ) -> EvolutionStrategy:
+        """The ES a state_dict() and arrays() were taken from, ready to continue."""
+        return cls(config, table, state=ESState.from_dict(document, arrays))
 
     def parameters(self) -> Parameters:
         """The current parameters, the ones this generation's tasks perturb."""
@@ -288,11 +278,7 @@ class EvolutionStrategy:
     def tell(self, returns: Mapping[str, Sequence[float]]) -> ESSummary:
         """Takes the returns of every asked key (NaN: failed), steps theta, starts the next."""
         requests = self.ask()
-        if set(returns) != {r.key for r in requests}:
-            raise ValueError("tell() needs exactly the asked keys")
-        for r in requests:
-            if len(returns[r.key]) != r.episodes:
-                raise ValueError(f"{r.key} needs {r.episodes} returns, got {len(returns[r.key])}")
+        check_returns(requests, returns)
         state = self.state
         scores = [float(returns[r.key][0]) for r in requests[:-1]]
         theta_returns = [float(x) for x in returns[requests[-1].key]]

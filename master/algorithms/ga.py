@@ -5,17 +5,22 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from master.algorithms.base import (
+    ELITE,
+    OFFSPRING,
+    Algorithm,
+    EvaluationRequest,
+    GenerationSummary,
+    check_format,
+    check_returns,
+)
 from neuro.genome import SEED_BOUND, Genome
 
-if TYPE_CHECKING:
-    from master.algorithms.es import Perturbation
-
-OFFSPRING = "offspring"
-ELITE = "elite"
+STATE_FORMAT = "neuro.ga/1"
 
 
 @dataclass(frozen=True)
@@ -62,45 +67,10 @@ class GAConfig:
 
 
 @dataclass(frozen=True)
-class EvaluationRequest:
-    """Play `episodes` episodes with `genome`; `key` names the answer in tell()."""
+class GASummary(GenerationSummary):
+    """A generation's summary; elite_score is the mean over the elite's re-evaluation episodes."""
 
-    key: str
-    genome: Genome | Perturbation
-    """A GA genome, or an ES perturbation of the current parameters."""
-    episodes: int
-
-
-@dataclass(frozen=True)
-class GenerationSummary:
-    """What one finished generation produced."""
-
-    generation: int
-    scores: tuple[float, ...]
-    """One-episode score of each offspring, NaN where its evaluation failed."""
-    elite: Genome | None
-    elite_score: float
-    """Mean over the elite's re-evaluation episodes (NaN if no candidate could be scored)."""
-    elite_episode_scores: tuple[float, ...]
-    evaluations: int
-
-    @property
-    def valid_scores(self) -> list[float]:
-        return [s for s in self.scores if math.isfinite(s)]
-
-    @property
-    def score_mean(self) -> float:
-        valid = self.valid_scores
-        return float(np.mean(valid)) if valid else math.nan
-
-    @property
-    def score_max(self) -> float:
-        valid = self.valid_scores
-        return max(valid) if valid else math.nan
-
-    @property
-    def failed(self) -> int:
-        return len(self.scores) - len(self.valid_scores)
+    elite_episode_scores: tuple[float, ...] = ()
 
 
 @dataclass
@@ -120,6 +90,7 @@ class GAState:
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible form (NaN scores become None)."""
         return {
+            "format": STATE_FORMAT,
             "generation": self.generation,
             "phase": self.phase,
             "rng_state": self.rng_state,
@@ -134,6 +105,7 @@ class GAState:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GAState:
         """Inverse of to_dict."""
+        check_format(data, STATE_FORMAT)
         phase = data["phase"]
         if phase not in (OFFSPRING, ELITE):
             raise ValueError(f"unknown GA phase {phase!r}")
@@ -150,7 +122,7 @@ class GAState:
         )
 
 
-class GeneticAlgorithm:
+class GeneticAlgorithm(Algorithm):
     """Truncation selection, Gaussian seed mutations, an elite chosen by re-evaluation.
 
     One generation has two phases. OFFSPRING: every individual plays one episode (the Nth is
@@ -158,6 +130,8 @@ class GeneticAlgorithm:
     play E more episodes each; the best mean becomes the elite. Random search is truncation 0:
     every individual is a fresh initialisation.
     """
+
+    name = "ga"
 
     def __init__(self, config: GAConfig, state: GAState | None = None) -> None:
         self.config = config
@@ -186,6 +160,15 @@ class GeneticAlgorithm:
     def elite_score(self) -> float:
         return self.state.elite_score
 
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's algorithm section: GAState as JSON."""
+        return self.state.to_dict()
+
+    @classmethod
+    def from_state_dict(cls, config: GAConfig, document: Mapping[str, Any]) -> GeneticAlgorithm:
+        """The GA a state_dict() was taken from, ready to continue."""
+        return cls(config, GAState.from_dict(document))
+
     def ask(self) -> list[EvaluationRequest]:
         """The evaluations the current phase needs; the same list until tell() is called."""
         g = self.state.generation
@@ -199,24 +182,13 @@ class GeneticAlgorithm:
             for i, genome in enumerate(self.state.candidates)
         ]
 
-    def tell(self, returns: Mapping[str, Sequence[float]]) -> GenerationSummary | None:
+    def tell(self, returns: Mapping[str, Sequence[float]]) -> GASummary | None:
         """Takes the episode returns of every asked key; NaN marks a failed evaluation.
 
         Returns the generation's summary when it completes (after the ELITE phase).
         """
         requests = self.ask()
-        expected = {r.key for r in requests}
-        if set(returns) != expected:
-            missing = sorted(expected - set(returns))[:3]
-            extra = sorted(set(returns) - expected)[:3]
-            raise ValueError(
-                f"tell() needs exactly the asked keys; missing {missing}, extra {extra}"
-            )
-        for r in requests:
-            if len(returns[r.key]) != r.episodes:
-                raise ValueError(
-                    f"{r.key} needs {r.episodes} episode returns, got {len(returns[r.key])}"
-                )
+        check_returns(requests, returns)
         if self.state.phase == OFFSPRING:
             self._tell_offspring([float(returns[r.key][0]) for r in requests])
             return None
@@ -243,7 +215,7 @@ class GeneticAlgorithm:
             state.parents = parents or state.parents
         state.phase = ELITE
 
-    def _tell_elite(self, episode_scores: list[list[float]]) -> GenerationSummary:
+    def _tell_elite(self, episode_scores: list[list[float]]) -> GASummary:
         state = self.state
         means = [_mean_or_nan(s) for s in episode_scores]
         order = _rank(means)
@@ -256,7 +228,7 @@ class GeneticAlgorithm:
             # No candidate could be scored: keep the previous elite, but do not claim a score.
             state.elite_score = math.nan
             elite_episodes = ()
-        summary = GenerationSummary(
+        summary = GASummary(
             generation=state.generation,
             scores=tuple(state.scores),
             elite=state.elite,

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from master.algorithms.ga import Genome
+from master.algorithms.base import Candidate
 
 
 class Disposition(enum.Enum):
@@ -23,16 +23,26 @@ class Disposition(enum.Enum):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     STALE = "stale"
+    REJECTED = "rejected"
+    """The task was never leased to the reporting worker (or it handed the task back)."""
+
+
+MAX_ERROR_CHARS = 512
+"""A worker's error text is kept (and logged) up to this many characters."""
+MAX_ERRORS_KEPT = 5
+"""Errors kept per task: enough to tell why it failed, whatever max_attempts is."""
+FRESH_LEASE_FRACTION = 0.9
+"""A heartbeat extends a lease only once less than this fraction of it is left."""
 
 
 class PhaseTask(NamedTuple):
-    """Episodes [first_episode, first_episode + episodes) of one GA evaluation request."""
+    """Episodes [first_episode, first_episode + episodes) of one evaluation request."""
 
     # A NamedTuple rather than a frozen dataclass: one is made per evaluated episode, and
     # it costs a third as much to make.
     task_id: str
     request_key: str
-    genome: Genome
+    genome: Candidate
     episodes: int
     env_seed: int
 
@@ -53,6 +63,13 @@ class _Record:
     errors: list[str] = field(default_factory=list)
     queued: int = 0
     """Ticket of this task's live entry in the pending queue; 0 when it is not queued."""
+    holders: tuple[str, ...] = ()
+    """Workers it was leased to this phase and did not hand back: whose results count. At
+    most max_attempts, since only a lapse or a failure (each an attempt) re-queues a task
+    without taking its holder off."""
+    lapsed_from: str | None = None
+    """The worker whose lease just lapsed, while the task waits to be leased again: a
+    heartbeat from it takes the task back rather than have it run twice."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +140,8 @@ class LeaseTable:
             record = records[task_id]
             if record.queued == ticket:
                 record.queued = 0
+                if worker_id not in record.holders:
+                    record.holders += (worker_id,)
                 granted.append(record)
         self._pending_count -= len(granted)
         self._grant(granted, worker_id, now)
@@ -131,18 +150,24 @@ class LeaseTable:
     def heartbeat(self, worker_id: str, task_ids: Iterable[str], now: float) -> list[str]:
         """Extends this worker's leases; returns the ids it should drop (done or not its own)."""
         dropped, kept = [], []
+        # A lease with most of its time left is not extended again: a worker heartbeating in a
+        # tight loop would otherwise add a deadline entry per call.
+        fresh = now + self.lease_seconds * FRESH_LEASE_FRACTION
         for task_id in task_ids:
             record = self._records.get(task_id)
             if record is None or record.returns is not None:
                 dropped.append(task_id)
             elif record.lease is not None and record.lease.worker_id == worker_id:
-                kept.append(record)
-            elif record.lease is None:
-                # Lapsed and back in the queue, but the worker is still on it: take it back
-                # rather than run it twice.
+                if record.lease.deadline < fresh:
+                    kept.append(record)
+            elif record.lease is None and record.lapsed_from == worker_id:
+                # Its own lease lapsed and nobody took the task since, but the worker is still
+                # on it: take it back rather than run it twice.
                 self._dequeue(record)
                 kept.append(record)
             else:
+                # Another's, handed back, failed, or never this worker's: not to be granted
+                # by a heartbeat.
                 dropped.append(task_id)
         self._grant(kept, worker_id, now)
         return dropped
@@ -154,6 +179,8 @@ class LeaseTable:
             record = self._records.get(task_id)
             if record and record.lease is not None and record.lease.worker_id == worker_id:
                 self._unlease(record)
+                # Handed back: it will not report the task, and whoever leases it next may.
+                record.holders = tuple(h for h in record.holders if h != worker_id)
                 released.append(record)
         for record in reversed(released):
             self._enqueue_front(record)
@@ -164,13 +191,26 @@ class LeaseTable:
         record = self._records.get(task_id)
         return record.task.episodes if record else None
 
-    def complete_task(self, task_id: str, returns: Sequence[float], frames: int) -> Disposition:
-        """Records a finished task; a second report of the same task is a harmless duplicate."""
+    def complete_task(
+        self,
+        task_id: str,
+        returns: Sequence[float],
+        frames: int,
+        worker_id: str | None = None,
+    ) -> Disposition:
+        """Records a finished task; a second report of the same task is a harmless duplicate.
+
+        A worker's result counts only if the task was leased to it this phase (an earlier
+        holder's late result too: evaluation is deterministic). worker_id None is a result
+        from no worker, e.g. restored from a checkpoint.
+        """
         record = self._records.get(task_id)
         if record is None:
             return Disposition.STALE
         if record.returns is not None:
             return Disposition.DUPLICATE
+        if worker_id is not None and worker_id not in record.holders:
+            return Disposition.REJECTED
         if len(returns) != record.task.episodes:
             raise ValueError(
                 f"task {task_id} has {record.task.episodes} episodes, got {len(returns)} returns"
@@ -178,14 +218,22 @@ class LeaseTable:
         self._finish(record, tuple(map(float, returns)), frames)
         return Disposition.ACCEPTED
 
-    def fail_task(self, task_id: str, error: str) -> Disposition:
-        """A worker could not run the task: retry elsewhere, or record NaN after max_attempts."""
+    def fail_task(self, task_id: str, error: str, worker_id: str | None = None) -> Disposition:
+        """A worker could not run the task: retry elsewhere, or record NaN after max_attempts.
+
+        A worker's failure counts only while it holds the lease, and ends that lease: a copy
+        of it (in the same batch, or a resent one) finds the lease over (STALE). worker_id
+        None counts unconditionally.
+        """
         record = self._records.get(task_id)
         if record is None:
             return Disposition.STALE
         if record.returns is not None:
             return Disposition.DUPLICATE
-        record.errors.append(error)
+        if worker_id is not None and (record.lease is None or record.lease.worker_id != worker_id):
+            return Disposition.STALE if worker_id in record.holders else Disposition.REJECTED
+        if len(record.errors) < MAX_ERRORS_KEPT:
+            record.errors.append(bounded_error(error))
         self._retry_or_give_up(record)
         return Disposition.ACCEPTED
 
@@ -197,7 +245,10 @@ class LeaseTable:
             _, _, lease, task_ids = heapq.heappop(deadlines)
             lapsed.update(t for t in task_ids if self._records[t].lease is lease)
         for task_id in sorted(lapsed, reverse=True):
-            if self._retry_or_give_up(self._records[task_id]):
+            record = self._records[task_id]
+            holder = record.lease.worker_id if record.lease is not None else None
+            if self._retry_or_give_up(record):
+                record.lapsed_from = holder
                 self.reissued += 1
         return len(lapsed)
 
@@ -206,6 +257,7 @@ class LeaseTable:
         return record.lease.worker_id if record and record.lease else None
 
     def errors(self, task_id: str) -> list[str]:
+        """The first MAX_ERRORS_KEPT errors reported for this task, each bounded."""
         return list(self._records[task_id].errors)
 
     def results(self) -> dict[str, list[float]]:
@@ -247,6 +299,7 @@ class LeaseTable:
             self._unlease(record)
         else:
             self._dequeue(record)
+        record.lapsed_from = None
         record.returns = returns
         record.frames = frames
         self._done += 1
@@ -258,6 +311,7 @@ class LeaseTable:
         lease = _Lease(worker_id, now + self.lease_seconds)
         for record in records:
             record.lease = lease
+            record.lapsed_from = None
         task_ids = tuple(record.task.task_id for record in records)
         self._leased.update(task_ids)
         entry = (lease.deadline, next(self._tickets), lease, task_ids)
@@ -276,3 +330,11 @@ class LeaseTable:
         if record.queued:
             record.queued = 0
             self._pending_count -= 1
+
+
+def bounded_error(error: str) -> str:
+    """A worker's error text cut to MAX_ERROR_CHARS, marked where it was cut."""
+    if len(error) <= MAX_ERROR_CHARS:
+        return error
+    marker = f"... [{len(error)} chars]"
+    return error[: MAX_ERROR_CHARS - len(marker)] + marker

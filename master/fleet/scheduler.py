@@ -4,20 +4,40 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
+import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from master.algorithms.ga import EvaluationRequest
-from master.fleet.leases import Disposition, LeaseCounters, LeaseTable, PhaseTask
+from master.algorithms.base import EvaluationRequest
+from master.fleet.leases import (
+    Disposition,
+    LeaseCounters,
+    LeaseTable,
+    PhaseTask,
+    bounded_error,
+)
 
+log = logging.getLogger(__name__)
 WORKER_SEEN_WINDOW_S = 60.0
 RATE_WINDOW_S = 60.0
 """A worker's frames per second are its accepted frames over this window."""
 FORGET_WORKER_AFTER_S = 600.0
 """A worker silent this long leaves the worker table, which stays bounded under spot churn."""
+MAX_WORKERS_TRACKED = 4096
+"""The worker table's size, whatever the churn: beyond it the least recently seen goes."""
+STATUS_WORKERS = 256
+"""Status and /metrics list this many workers, the most recently seen."""
+ERROR_LOG_LINES = 10
+ERROR_LOG_WINDOW_S = 60.0
+"""Task failures are logged at most ERROR_LOG_LINES times per window; the rest are counted."""
+RUN_COMPLETE_GRACE_S = 10.0
+"""After the run, how long past a worker's heartbeat interval the master keeps answering, so
+that busy or backing-off workers still hear the run is complete (worker.client paces
+heartbeats at a quarter lease, at most 300 s, and backs off at most 5 s)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +123,8 @@ class _Worker:
     window_frames: int = 0
     held: set[str] = field(default_factory=set)
     """Task ids granted to it this phase; Status counts those it still holds."""
+    told_complete: bool = False
+    """It was answered that the run is complete."""
 
 
 class WorkerRoster:
@@ -113,14 +135,20 @@ class WorkerRoster:
     """
 
     def __init__(
-        self, rate_window_s: float = RATE_WINDOW_S, forget_after_s: float = FORGET_WORKER_AFTER_S
+        self,
+        rate_window_s: float = RATE_WINDOW_S,
+        forget_after_s: float = FORGET_WORKER_AFTER_S,
+        max_workers: int = MAX_WORKERS_TRACKED,
     ) -> None:
         if not 0 < rate_window_s <= forget_after_s:
             raise ValueError(
                 f"need 0 < rate_window_s <= forget_after_s, got {rate_window_s}, {forget_after_s}"
             )
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         self.rate_window_s = rate_window_s
         self.forget_after_s = forget_after_s
+        self.max_workers = max_workers
         self._workers: OrderedDict[str, _Worker] = OrderedDict()
 
     def __len__(self) -> int:
@@ -131,10 +159,27 @@ class WorkerRoster:
         worker = self._workers.get(worker_id)
         if worker is None:
             self._workers[worker_id] = _Worker(now, now)
+            if len(self._workers) > self.max_workers:
+                self._workers.popitem(last=False)  # the least recently seen
         else:
             worker.last_seen = now
             self._workers.move_to_end(worker_id)
         self.forget(now)
+
+    def told_complete(self, worker_id: str) -> None:
+        """This worker was answered that the run is complete."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.told_complete = True
+
+    def untold(self, now: float, within_s: float) -> int:
+        """Workers seen in the last `within_s` seconds that were not yet told the run is over."""
+        horizon, count = now - within_s, 0
+        for worker in reversed(self._workers.values()):  # most recently seen first
+            if worker.last_seen < horizon:
+                break
+            count += not worker.told_complete
+        return count
 
     def credit(self, worker_id: str, episodes: int, frames: int, now: float) -> None:
         """Adds an accepted result's episodes and frames to a worker seen at `now`."""
@@ -187,11 +232,19 @@ class WorkerRoster:
                 break
             del self._workers[worker_id]
 
-    def snapshot(self, now: float, holder: Callable[[str], str | None]) -> list[WorkerStats]:
-        """Every remembered worker's figures, by worker id; `holder(task_id)` names a lease's."""
+    def snapshot(
+        self, now: float, holder: Callable[[str], str | None], limit: int | None = None
+    ) -> list[WorkerStats]:
+        """The figures of the `limit` most recently seen workers (all: None), by worker id.
+
+        `holder(task_id)` names a lease's holder.
+        """
         self.forget(now)
+        recent = reversed(self._workers.items())  # most recently seen first
+        if limit is not None:
+            recent = itertools.islice(recent, limit)
         stats = []
-        for worker_id, worker in sorted(self._workers.items()):
+        for worker_id, worker in sorted(recent):
             worker.held = {t for t in worker.held if holder(t) == worker_id}
             self._trim(worker, now)
             # Since it joined, if that was less than a window ago; at least a second, so a
@@ -236,6 +289,7 @@ class Fleet:
         """Per-worker figures (contacts, work, rate) for Status and /metrics."""
         self._finished_task_ids: set[str] = set()
         self.run_complete = False
+        self._error_log = _RateLimitedLog(ERROR_LOG_LINES, ERROR_LOG_WINDOW_S)
         self.reissued_total = 0
         self.frames_accepted = 0
         """Frames of every accepted result so far, for throughput figures."""
@@ -310,9 +364,11 @@ class Fleet:
         try:
             for task_id, returns, frames, error in outcomes:
                 if error:
-                    disposition = table.fail_task(task_id, error)
+                    disposition = table.fail_task(task_id, error, worker_id)
+                    if disposition is Disposition.ACCEPTED:
+                        self._log_failure(worker_id, task_id, error)
                 else:
-                    disposition = table.complete_task(task_id, returns, frames)
+                    disposition = table.complete_task(task_id, returns, frames, worker_id)
                     if disposition is Disposition.ACCEPTED:
                         episodes_accepted += len(returns)
                         frames_accepted += frames
@@ -360,11 +416,51 @@ class Fleet:
         """Workers that called in the last WORKER_SEEN_WINDOW_S seconds."""
         return self.roster.connected(self._clock(), WORKER_SEEN_WINDOW_S)
 
-    def worker_stats(self) -> list[WorkerStats]:
-        """Per-worker figures of every worker not yet forgotten, by worker id."""
+    def workers_tracked(self) -> int:
+        """Workers in the worker table (at most MAX_WORKERS_TRACKED)."""
+        return len(self.roster)
+
+    def worker_stats(self, limit: int | None = STATUS_WORKERS) -> list[WorkerStats]:
+        """Per-worker figures of the `limit` most recently seen workers, by worker id."""
         table = self._table
         holder = table.holder if table is not None else _nobody
-        return self.roster.snapshot(self._clock(), holder)
+        return self.roster.snapshot(self._clock(), holder, limit)
+
+    def tell_complete(self, worker_id: str) -> bool:
+        """Whether the run is complete; if so, notes that this worker has been told."""
+        if not self.run_complete:
+            return False
+        self._seen(worker_id)
+        self.roster.told_complete(worker_id)
+        return True
+
+    @property
+    def completion_grace_s(self) -> float:
+        """How long after the run the master keeps answering, for workers to hear it is over."""
+        heartbeat_s = min(self.settings.lease_seconds / 4, 300.0)
+        return heartbeat_s + RUN_COMPLETE_GRACE_S
+
+    async def linger(self, poll_s: float = 0.05) -> None:
+        """Once the run is complete: returns when every worker seen lately has been told so.
+
+        Remote workers learn it only by calling, and one whose master is gone retries forever
+        (--give-up-after 0). A worker silent for completion_grace_s is taken to be gone; the
+        wait never exceeds completion_grace_s.
+        """
+        grace = self.completion_grace_s
+        deadline = self._clock() + grace
+        while self._clock() < deadline and self.roster.untold(self._clock(), grace):
+            await asyncio.sleep(poll_s)
+
+    def _log_failure(self, worker_id: str, task_id: str, error: str) -> None:
+        # repr: the text comes from the worker and may hold newlines or terminal escapes.
+        self._error_log.warning(
+            self._clock(),
+            "task %r failed on worker %r: %r",
+            task_id[:80],
+            worker_id,
+            bounded_error(error),
+        )
 
     def _unknown(self, task_id: str) -> Disposition:
         # A task of an earlier phase was done already; anything else is not ours.
@@ -387,3 +483,25 @@ class Fleet:
 
 def _nobody(task_id: str) -> None:
     return None
+
+
+class _RateLimitedLog:
+    """At most `lines` warnings per `window_s`; the next one logged says how many were held."""
+
+    def __init__(self, lines: int, window_s: float) -> None:
+        self._lines = lines
+        self._window_s = window_s
+        self._window_start = -float("inf")
+        self._logged = self._held = 0
+
+    def warning(self, now: float, message: str, *args: object) -> None:
+        if now - self._window_start >= self._window_s:
+            self._window_start, self._logged = now, 0
+        if self._logged >= self._lines:
+            self._held += 1
+            return
+        self._logged += 1
+        if self._held:
+            message += f" ({self._held} more not logged)"
+            self._held = 0
+        log.warning(message, *args)

@@ -7,20 +7,28 @@ import hashlib
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from master.algorithms.es import Parameters, Perturbation
+from master.algorithms.base import Parameters, Perturbation
 from master.fleet.leases import Disposition, PhaseTask
 from master.fleet.scheduler import Fleet, TaskOutcome, WorkerStats
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
-from neuro.wire import MAX_MESSAGE_BYTES
+from neuro.wire import MAX_MESSAGE_BYTES, worker_id_problem
+
+if TYPE_CHECKING:
+    # Annotations only: the snapshot is the loop's type, above the fleet; this edge only
+    # reads its fields into protobuf.
+    from master.observe.events import RunSnapshot
 
 MAX_TASKS_PER_LEASE = 256
 MAX_ID_LENGTH = 256
+MAX_TASK_IDS_PER_CALL = 4096
+"""Task ids one Heartbeat or Release may name, and results one Report may carry: far more than
+a worker holds (slots + prefetch), few enough that no single call stalls the master."""
 MAX_EPISODE_FRAMES = 2**32 - 1
 """Far above any real episode; keeps cumulative frame counts inside Status's uint64."""
 MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES
@@ -51,6 +59,7 @@ _DISPOSITIONS = {
     Disposition.ACCEPTED: pb.RESULT_DISPOSITION_ACCEPTED,
     Disposition.DUPLICATE: pb.RESULT_DISPOSITION_DUPLICATE,
     Disposition.STALE: pb.RESULT_DISPOSITION_STALE,
+    Disposition.REJECTED: pb.RESULT_DISPOSITION_REJECTED,
 }
 
 
@@ -113,11 +122,10 @@ class EvolutionService(pb_grpc.EvolutionServicer):
         self,
         fleet: Fleet,
         template: TaskTemplate,
-        status: Callable[[], pb.StatusResponse],
+        status: Callable[[], RunSnapshot],
     ) -> None:
         self._fleet = fleet
         self._template = template
-        # Must return a fresh message per call: Status adds the per-worker table to it.
         self._status = status
 
     async def Lease(
@@ -130,7 +138,7 @@ class EvolutionService(pb_grpc.EvolutionServicer):
                 f"max_tasks must be in [1, {MAX_TASKS_PER_LEASE}], got {request.max_tasks}",
             )
         run_id = self._template.run_id
-        if self._fleet.run_complete:
+        if self._fleet.tell_complete(request.worker_id):
             return pb.LeaseResponse(run_complete=True, run_id=run_id)
         if self._template.env.env_id in request.unsupported_env_ids:
             # This worker cannot build the run's env; let it wait for another run.
@@ -148,6 +156,12 @@ class EvolutionService(pb_grpc.EvolutionServicer):
         self, request: pb.ReportRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReportResponse:
         await _check_common(request, context)
+        if len(request.results) > MAX_TASK_IDS_PER_CALL:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"a Report carries at most {MAX_TASK_IDS_PER_CALL} results, got "
+                f"{len(request.results)}",
+            )
         # Validate and convert the whole batch first, so a bad message changes nothing. Each
         # field is read once: every read of a protobuf field makes a new Python object.
         run_id = self._template.run_id
@@ -177,7 +191,8 @@ class EvolutionService(pb_grpc.EvolutionServicer):
         await _check_common(request, context)
         task_ids = await _checked_task_ids(request, context)
         dropped = self._fleet.heartbeat(request.worker_id, task_ids)
-        return pb.HeartbeatResponse(dropped_task_ids=dropped)
+        complete = self._fleet.tell_complete(request.worker_id)
+        return pb.HeartbeatResponse(dropped_task_ids=dropped, run_complete=complete)
 
     async def Release(
         self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
@@ -189,7 +204,9 @@ class EvolutionService(pb_grpc.EvolutionServicer):
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.StatusResponse:
-        return with_worker_status(self._status(), self._fleet.worker_stats())
+        status = with_worker_status(status_response(self._status()), self._fleet.worker_stats())
+        status.workers_tracked = self._fleet.workers_tracked()
+        return status
 
     async def FetchParameters(
         self, request: pb.ParametersRequest, context: grpc.aio.ServicerContext
@@ -209,6 +226,28 @@ class EvolutionService(pb_grpc.EvolutionServicer):
                 version=version, offset=offset, total_bytes=len(data), sha256=sha256,
                 data=data[offset : offset + PARAMETER_CHUNK_BYTES],
             )  # fmt: skip
+
+
+def status_response(snapshot: RunSnapshot) -> pb.StatusResponse:
+    """The Status answer for a snapshot of the run (the per-worker table is added apart)."""
+    response = pb.StatusResponse(
+        run_id=snapshot.run_id,
+        env_id=snapshot.env_id,
+        generation=snapshot.generation,
+        phase=snapshot.phase,
+        frames=snapshot.frames,
+        evaluations=snapshot.evaluations,
+        elite_score=snapshot.elite_score,
+        tasks_pending=snapshot.tasks_pending,
+        tasks_leased=snapshot.tasks_leased,
+        tasks_done=snapshot.tasks_done,
+        workers=snapshot.workers,
+        leases_reissued=snapshot.leases_reissued,
+        run_complete=snapshot.run_complete,
+    )
+    if snapshot.elite_seeds:  # no elite: the field stays unset, as before the first one
+        response.elite.seeds.extend(snapshot.elite_seeds)
+    return response
 
 
 def with_worker_status(
@@ -306,14 +345,17 @@ async def _check_common(request, context: grpc.aio.ServicerContext) -> None:
             f"protocol_version {request.protocol_version} is not supported; this master speaks "
             f"{pb.PROTOCOL_VERSION_CURRENT}",
         )
-    if not request.worker_id or len(request.worker_id) > MAX_ID_LENGTH:
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"worker_id must be 1-{MAX_ID_LENGTH} characters, got {request.worker_id[:40]!r}",
-        )
+    problem = worker_id_problem(request.worker_id)
+    if problem is not None:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
 
 
 async def _checked_task_ids(request, context: grpc.aio.ServicerContext) -> list[str]:
+    if len(request.task_ids) > MAX_TASK_IDS_PER_CALL:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"at most {MAX_TASK_IDS_PER_CALL} task_ids per call, got {len(request.task_ids)}",
+        )
     task_ids = list(request.task_ids)
     for task_id in task_ids:
         if not task_id or len(task_id) > MAX_ID_LENGTH:

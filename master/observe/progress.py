@@ -19,18 +19,15 @@ import math
 import os
 import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from master.algorithms.ga import OFFSPRING
-from master.run.rundir import GenerationRecord
-from master.run.trainer import Observer
+from master.algorithms.base import OFFSPRING
+from master.observe.events import GenerationRecord, Observer, RunSnapshot
 
 if TYPE_CHECKING:
     from tqdm import tqdm
-
-    from master.run.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -209,24 +206,37 @@ def notice_stream(out: TextIO) -> TextIO:
 class ProgressObserver(Observer):
     """Prints each generation to `out`; on a terminal, also a live bar for the running phase.
 
-    `live` overrides the terminal check. The bar is drawn by a periodic task that reads the
-    fleet's counters, so the path that records results never touches the terminal.
+    `live` overrides the terminal check. `generations` and `frames` are the run's budget (for
+    the ETA); `episodes_per_task` tells the bar whether a task is one evaluation. The bar is
+    drawn by a periodic task that reads the run's snapshot, so the path that records results
+    never touches the terminal.
     """
 
-    def __init__(self, out: TextIO, live: bool | None = None) -> None:
+    def __init__(
+        self,
+        out: TextIO,
+        live: bool | None = None,
+        generations: int | None = None,
+        frames: int | None = None,
+        episodes_per_task: int = 1,
+    ) -> None:
         self.out = out
         self.live = is_terminal(out) if live is None else live
-        self._trainer: Trainer | None = None
+        self.generations = generations
+        self.frames = frames
+        self.episodes_per_task = episodes_per_task
+        self._snapshot: Callable[[], RunSnapshot] | None = None
         self._tracker: RateTracker | None = None
         self._ticker: asyncio.Future[None] | None = None
         self._bar: tqdm | None = None
         self._bar_key: tuple[int, str] | None = None
         self._broken = False
 
-    def started(self, trainer: Trainer) -> None:
-        self._trainer = trainer
-        start = Mark(trainer.ga.generation, trainer.frames, trainer.evaluations, trainer.wall_s())
-        self._tracker = RateTracker(start, trainer.budget.generations, trainer.budget.frames)
+    def started(self, snapshot: Callable[[], RunSnapshot]) -> None:
+        self._snapshot = snapshot
+        now = snapshot()
+        start = Mark(now.generation, now.frames, now.evaluations, now.wall_s)
+        self._tracker = RateTracker(start, self.generations, self.frames)
         if self.live:
             self._ticker = asyncio.ensure_future(self._redraw_periodically())
 
@@ -274,26 +284,24 @@ class ProgressObserver(Observer):
                 return
 
     def _redraw(self) -> None:
-        trainer = self._trainer
-        if trainer is None or self._broken:
+        if self._snapshot is None or self._broken:
             return
-        counters = trainer.fleet.counters()
-        total = counters.pending + counters.leased + counters.done
+        now = self._snapshot()
+        total = now.tasks_pending + now.tasks_leased + now.tasks_done
         if total == 0:
             return  # between phases: the last bar stays until the next phase or line
-        key = (trainer.ga.generation, trainer.ga.phase)
+        key = (now.generation, now.phase)
         if self._bar is None or key != self._bar_key:
             self._close_bar()
             what = "offspring" if key[1] == OFFSPRING else "elite re-evaluation"
             description = f"gen {key[0]} {what}"
-            self._bar = progress_bar(
-                self.out, description, total, counters.done, _unit(trainer, key[1])
-            )
+            unit = _unit(key[1], self.episodes_per_task)
+            self._bar = progress_bar(self.out, description, total, now.tasks_done, unit)
             self._bar_key = key
         bar = self._bar
-        bar.set_postfix_str(f"workers {trainer.fleet.workers_connected()}", refresh=False)
-        if counters.done > bar.n:
-            bar.update(counters.done - bar.n)  # its own delay keeps short phases bar-free
+        bar.set_postfix_str(f"workers {now.workers}", refresh=False)
+        if now.tasks_done > bar.n:
+            bar.update(now.tasks_done - bar.n)  # its own delay keeps short phases bar-free
         elif _shown(bar):
             bar.refresh()  # elapsed time and workers move even while no result comes in
 
@@ -310,9 +318,9 @@ def _shown(bar: tqdm) -> bool:
     return bar.format_dict["elapsed"] >= BAR_DELAY_S
 
 
-def _unit(trainer: Trainer, phase: str) -> str:
+def _unit(phase: str, episodes_per_task: int) -> str:
     # The fleet counts tasks; a task is one evaluation unless elite episodes are batched.
-    batched = phase != OFFSPRING and trainer.fleet.settings.episodes_per_task > 1
+    batched = phase != OFFSPRING and episodes_per_task > 1
     return "task" if batched else "eval"
 
 

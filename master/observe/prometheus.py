@@ -1,11 +1,10 @@
-"""Prometheus /metrics for a running master: the Status figures, read at scrape time."""
+"""Prometheus /metrics for a running master: the run's snapshot, read at scrape time."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
@@ -17,9 +16,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from master.fleet.service import with_worker_status
-from master.run.rundir import GenerationRecord
-from neuro.v1 import evolution_pb2 as pb
+from master.observe.events import RunSnapshot
 
 if TYPE_CHECKING:
     from master.run.trainer import Trainer
@@ -29,23 +26,9 @@ SCRAPE_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 5.0
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """What one scrape reports: the Status answer and the last generation's record."""
-
-    status: pb.StatusResponse
-    last_record: GenerationRecord | None
-
-
-def trainer_snapshot(trainer: Trainer) -> Snapshot:
-    """The live figures; call it on the event loop that runs the trainer."""
-    status = with_worker_status(trainer.status(), trainer.fleet.worker_stats())
-    return Snapshot(status, trainer.records[-1] if trainer.records else None)
-
-
 def snapshot_on_loop(
-    loop: asyncio.AbstractEventLoop, read: Callable[[], Snapshot]
-) -> Callable[[], Snapshot]:
+    loop: asyncio.AbstractEventLoop, read: Callable[[], RunSnapshot]
+) -> Callable[[], RunSnapshot]:
     """A reader for other threads that runs `read` on `loop` and waits for it.
 
     The fleet and trainer are only ever changed on the loop, and reading them from another
@@ -55,10 +38,10 @@ def snapshot_on_loop(
     as failed scrapes rather than as figures that look fine but no longer move.
     """
 
-    async def on_loop() -> Snapshot:
+    async def on_loop() -> RunSnapshot:
         return read()
 
-    def read_from_thread() -> Snapshot:
+    def read_from_thread() -> RunSnapshot:
         future = asyncio.run_coroutine_threadsafe(on_loop(), loop)
         try:
             return future.result(SCRAPE_TIMEOUT_S)
@@ -72,9 +55,9 @@ def snapshot_on_loop(
 
 
 class StatusCollector:
-    """Turns each scrape's Snapshot into metric families named neuro_*."""
+    """Turns each scrape's RunSnapshot (worker table included) into metric families neuro_*."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, snapshot: Callable[[], RunSnapshot]) -> None:
         self._snapshot = snapshot
 
     def describe(self) -> list[Metric]:
@@ -83,8 +66,7 @@ class StatusCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self._snapshot()
-        s = snapshot.status
+        s = self._snapshot()
         yield InfoMetricFamily(
             "neuro_run", "The run this master serves.", value={"run_id": s.run_id, "env": s.env_id}
         )
@@ -98,7 +80,7 @@ class StatusCollector:
             "The elite's mean over its re-evaluation episodes (NaN before the first).",
             s.elite_score,
         )
-        record = snapshot.last_record
+        record = s.last_record
         if record is not None:
             yield _gauge(
                 "neuro_score_max", "Best training score of the last generation.", record.score_max
@@ -166,7 +148,7 @@ def start_metrics_server(trainer: Trainer, host: str, port: int) -> MetricsServe
 
     OSError, naming the address, if it cannot listen there. Port 0 picks a free one.
     """
-    read = snapshot_on_loop(asyncio.get_running_loop(), lambda: trainer_snapshot(trainer))
+    read = snapshot_on_loop(asyncio.get_running_loop(), lambda: trainer.snapshot(workers=True))
     # A registry of its own: several masters (tests) can serve side by side, and the
     # process-wide default metrics (GC, process) stay out of the run's figures.
     registry = CollectorRegistry(auto_describe=False)

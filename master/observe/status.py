@@ -152,13 +152,22 @@ def _scalars(message: Any) -> dict[str, Any]:
     return values
 
 
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on (newline, escape, ...) escaped."""
+    # Ids come from workers and the master over the network: printed raw, a newline or an
+    # escape sequence could forge lines of this report or drive the terminal.
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def format_status(status: pb.StatusResponse) -> str:
     """The answer for people: one figure a line, then one line per worker."""
     elite = "none yet" if math.isnan(status.elite_score) else f"{status.elite_score:.2f}"
     lines = [
-        f"run           {status.run_id}",
-        f"env           {status.env_id}",
-        f"generation    {status.generation} ({status.phase} phase)",
+        f"run           {printable(status.run_id)}",
+        f"env           {printable(status.env_id)}",
+        f"generation    {status.generation} ({printable(status.phase)} phase)",
         f"frames        {status.frames:,}",
         f"evaluations   {status.evaluations:,}",
         f"elite score   {elite}",
@@ -169,16 +178,22 @@ def format_status(status: pb.StatusResponse) -> str:
         f"run complete  {'yes' if status.run_complete else 'no'}",
         f"workers       {status.workers} connected (called in the last minute)",
     ]
+    if len(status.worker_status) < status.workers_tracked:
+        lines.append(
+            f"worker table  the {len(status.worker_status)} most recently seen of "
+            f"{status.workers_tracked} remembered"
+        )
     if status.worker_status:
-        width = max(6, *(len(w.worker_id) for w in status.worker_status))
+        names = [printable(w.worker_id) for w in status.worker_status]
+        width = max(6, *(len(name) for name in names))
         lines.append("")
         lines.append(
             f"{'worker':<{width}}  {'tasks':>6}  {'evaluations':>11}  {'frames':>14}  "
             f"{'frames/s':>10}  {'last contact':>12}"
         )
-        for w in status.worker_status:
+        for name, w in zip(names, status.worker_status, strict=True):
             lines.append(
-                f"{w.worker_id:<{width}}  {w.tasks_leased:>6,}  {w.evaluations:>11,}  "
+                f"{name:<{width}}  {w.tasks_leased:>6,}  {w.evaluations:>11,}  "
                 f"{w.frames:>14,}  {w.frames_per_second:>10,.1f}  "
                 f"{w.seconds_since_contact:>10.1f} s"
             )

@@ -26,16 +26,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
+from master.observe.events import GenerationRecord, Observer, RunSnapshot
 from master.observe.progress import GenerationStats, Mark, RateTracker
-from master.run.rundir import GenerationRecord
-from master.run.trainer import Observer
-
-if TYPE_CHECKING:
-    from master.run.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +105,9 @@ class TensorBoardObserver(Observer):
         state = "failed" if self._failed else f"written through {self._written_through}"
         return f"TensorBoardObserver({str(self.directory)!r}, {state})"
 
-    def started(self, trainer: Trainer) -> None:
-        start = Mark(trainer.ga.generation, trainer.frames, trainer.evaluations, trainer.wall_s())
-        self._tracker = RateTracker(start)
+    def started(self, snapshot: Callable[[], RunSnapshot]) -> None:
+        now = snapshot()
+        self._tracker = RateTracker(Mark(now.generation, now.frames, now.evaluations, now.wall_s))
         self._submit(self._open)
 
     def generation(self, record: GenerationRecord, workers: int) -> None:

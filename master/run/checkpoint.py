@@ -2,7 +2,9 @@
 
 checkpoint.json holds {"format", "sha256", "payload"}; the checksum covers the payload's
 canonical JSON, so a truncated or bit-flipped file is detected and the previous good one
-(checkpoint.prev.json) is used instead.
+(checkpoint.prev.json) is used instead. A checkpoint whose ES state file (the .npy sidecar it
+names) is missing or altered is as bad as a damaged one, and a bad checkpoint is never rotated
+over a good previous one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = "neuro.checkpoint/1"
 CURRENT = "checkpoint.json"
 PREVIOUS = "checkpoint.prev.json"
+CORRUPT_PREFIX = "checkpoint.corrupt-"
+"""A checkpoint that failed to verify is kept as checkpoint.corrupt-<n>.json, never deleted."""
 
 
 SIDECAR_PREFIX = "es_state-"
@@ -47,8 +51,8 @@ def load_sidecar(run_dir: Path, record: dict[str, Any]) -> np.ndarray:
     path = run_dir / record["file"]
     try:
         array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: unreadable ({error})") from None
+    except (OSError, ValueError, EOFError) as error:  # EOFError: an empty or cut-short file
+        raise CheckpointError(f"{path}: unreadable ({error or type(error).__name__})") from None
     if hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest() != record["sha256"]:
         raise CheckpointError(f"{path}: sha256 does not match the checkpoint's")
     return array
@@ -64,7 +68,12 @@ def _digest(payload: dict[str, Any]) -> str:
 
 
 def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> None:
-    """Writes a new checkpoint; a crash at any point leaves a good one on disk."""
+    """Writes a new checkpoint; a crash at any point leaves a good one on disk.
+
+    The current checkpoint becomes the previous one only if it verifies (its ES state
+    included); a bad one is moved aside as checkpoint.corrupt-<n>.json and the previous one kept,
+    so falling back to the previous checkpoint never ends with it overwritten.
+    """
     document = {"format": CHECKPOINT_FORMAT, "sha256": _digest(payload), "payload": payload}
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".checkpoint.", suffix=".tmp")
     try:
@@ -73,10 +82,17 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         current = run_dir / CURRENT
-        if current.exists():
-            # Between these two renames only the previous checkpoint exists, and the loader
-            # falls back to it.
-            os.replace(current, run_dir / PREVIOUS)
+        if current.exists() or current.is_symlink():
+            try:
+                _verify(run_dir, current)
+            except ValueError as error:
+                aside = _corrupt_name(run_dir)
+                log.warning("checkpoint %s is bad (%s): moved to %s", current, error, aside)
+                os.replace(current, aside)
+            else:
+                # Between these two renames only the previous checkpoint exists, and the
+                # loader falls back to it.
+                os.replace(current, run_dir / PREVIOUS)
         os.replace(tmp, current)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -86,6 +102,14 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> None:
         os.fsync(directory)  # the renames themselves survive a power cut
     finally:
         os.close(directory)
+
+
+def _corrupt_name(run_dir: Path) -> Path:
+    """The first free checkpoint.corrupt-<n>.json: every bad checkpoint is kept for a look."""
+    n = 1
+    while (run_dir / f"{CORRUPT_PREFIX}{n}.json").exists():
+        n += 1
+    return run_dir / f"{CORRUPT_PREFIX}{n}.json"
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -102,16 +126,48 @@ def _read(path: Path) -> dict[str, Any]:
     return payload
 
 
+def _verify(run_dir: Path, path: Path) -> dict[str, Any]:
+    """The payload of a checkpoint whose file and ES state file are both good; else ValueError."""
+    if not path.is_file():
+        raise ValueError("not a regular file")
+    payload = _read(path)
+    record = payload.get("sidecar")
+    if record is None:
+        return payload
+    name = record.get("file") if isinstance(record, dict) else None
+    # A plain name in the run dir: a checkpoint never points elsewhere.
+    if not (isinstance(name, str) and isinstance(record.get("sha256"), str)
+            and Path(name).name == name and name not in ("", ".", "..")):  # fmt: skip
+        raise ValueError(f"ES state record {record!r}: not {{file, sha256}} in the run dir")
+    if not (run_dir / name).is_file():
+        raise ValueError(f"ES state file {run_dir / name}: missing")
+    try:
+        load_sidecar(run_dir, record)
+    except CheckpointError as error:
+        raise ValueError(f"ES state file {error}") from None
+    return payload
+
+
 def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
-    """The newest good checkpoint's payload; None if the run dir has none at all."""
+    """The newest good checkpoint's payload (its ES state file verified too); None if none at all.
+
+    CheckpointError if a checkpoint path is not a regular file (a save would fail on it later)
+    or no checkpoint is usable; the message names each file and what is wrong with it.
+    """
     candidates = [run_dir / CURRENT, run_dir / PREVIOUS]
-    present = [p for p in candidates if p.exists()]
+    present = [p for p in candidates if p.exists() or p.is_symlink()]
     if not present:
         return None
+    for path in present:
+        if not path.is_file():
+            raise CheckpointError(
+                f"{path}: not a regular file; move it out of the way to resume from the other "
+                "checkpoint"
+            )
     problems = []
     for path in present:
         try:
-            payload = _read(path)
+            payload = _verify(run_dir, path)
         except ValueError as error:
             problems.append(f"{path}: {error}")
             log.warning("checkpoint %s refused: %s", path, error)
@@ -119,4 +175,21 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
         if problems:
             log.warning("resuming from the previous checkpoint %s", path)
         return payload
-    raise CheckpointError("no usable checkpoint: " + "; ".join(problems))
+    raise CheckpointError(f"no usable checkpoint in {run_dir}: " + "; ".join(problems))
+
+
+ALGORITHM = "algorithm"
+"""The payload's algorithm section: {"name": registry name, "state": its state document}."""
+LEGACY_ALGORITHM = "ga"
+"""Where checkpoints before the algorithm section kept the state, whichever algorithm ran."""
+
+
+def algorithm_section(payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(registry name, state document) of a checkpoint's algorithm, in either layout."""
+    section = payload.get(ALGORITHM)
+    if section is not None:
+        return section["name"], section["state"]
+    # The old layout names no algorithm: the run's config says which one it was.
+    from master.config import RunConfig
+
+    return RunConfig.from_dict(payload["config"]).algorithm, payload[LEGACY_ALGORITHM]

@@ -1,4 +1,5 @@
-"""The run directory: config.json, metrics.jsonl (one line per generation), best_genome.json."""
+"""The run directory: config.json, metrics.jsonl (one line per generation), best_genome.json,
+and genomes/ (each distinct elite once, named by the sha256 its metrics lines carry)."""
 
 from __future__ import annotations
 
@@ -8,39 +9,22 @@ import math
 import os
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from neuro.runfiles import BEST_GENOME, CONFIG, ELITE_GENOME, METRICS
-
-
-@dataclass(frozen=True)
-class GenerationRecord:
-    """One line of metrics.jsonl."""
-
-    generation: int
-    frames: int
-    """Cumulative emulator frames, training and elite re-evaluation episodes alike."""
-    evaluations: int
-    """Cumulative episodes recorded."""
-    wall_s: float
-    score_mean: float
-    score_max: float
-    elite_score: float
-    elite_seeds: list[int]
-    generation_evaluations: int
-    generation_frames: int
-    failed_evaluations: int
-    leases_reissued: int
-    extra: dict[str, Any] = field(default_factory=dict)
-    """The algorithm's own figures (ES: theta_rank, ...), written beside the common ones."""
-
-    def to_json(self) -> str:
-        fields = {k: v for k, v in self.__dict__.items() if k != "extra"}
-        return json.dumps({k: _finite_or_none(v) for k, v in {**fields, **self.extra}.items()})
+# The record is what observers are told too, so it is defined with them (master.observe).
+from master.observe.events import GenerationRecord
+from neuro.runfiles import (
+    BEST_GENOME,
+    CONFIG,
+    ELITE_GENOME,
+    GENOME_FORMAT,
+    METRICS,
+    genome_file,
+    seeds_sha256,
+)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -96,6 +80,7 @@ class RunDirectory:
         self.best_genome_path = self.path / BEST_GENOME
         self.elite_genome_path = self.path / ELITE_GENOME
         self._best_score = -math.inf
+        self._config: dict[str, Any] | None = None
         if self.best_genome_path.exists():  # a resumed run keeps its best so far
             score = json.loads(self.best_genome_path.read_text()).get("elite_score")
             self._best_score = score if score is not None else -math.inf
@@ -110,13 +95,36 @@ class RunDirectory:
             write_text_atomic(self.metrics_path, "".join(complete))
 
     def write_config(self, config: dict[str, Any]) -> None:
+        """Writes config.json; genome files are built from this config."""
         write_json_atomic(self.config_path, config)
+        self._config = config
 
     def append_metrics(self, record: GenerationRecord) -> None:
+        """Appends the record's line, after writing its elite's genome file if that is new.
+
+        The genome file goes first, so every line names a genome file that is on disk.
+        """
+        if record.elite_seeds:
+            self._write_genome(record.elite_seeds)
         with open(self.metrics_path, "a") as f:
             f.write(record.to_json() + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+    def _write_genome(self, seeds: list[int]) -> None:
+        path = self.path / genome_file(seeds_sha256(seeds))
+        if path.is_file():
+            return  # content-addressed: an elite carried over has its file already
+        # Imported here: master.config pulls in every algorithm, and the algorithms may come
+        # to use master.run (checkpoints); a top-level import would risk a cycle.
+        from master.config import RunConfig
+        from neuro.genome import Genome
+
+        if self._config is None:  # a run dir opened again: its config is on disk
+            self._config = json.loads(self.config_path.read_text())
+        document = RunConfig.from_dict(self._config).genome_document(Genome(tuple(seeds)))
+        # One line, not indented: these files hold most of a long run's seeds.
+        write_text_atomic(path, json.dumps(document) + "\n")
 
     def save_elite(self, genome_document: dict[str, Any], score: float) -> None:
         """Keeps the latest elite, and the best one so far by re-evaluated score.
@@ -147,7 +155,28 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _finite_or_none(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+def read_elite_seeds(run_dir: str | os.PathLike, record: dict[str, Any]) -> list[int]:
+    """A metrics record's elite seed list, from the genome file it names ([] without an elite).
+
+    ValueError naming the file if it is missing, unreadable or not the genome the record names.
+    """
+    if "elite_seeds" in record:  # a run dir from before genomes/
+        return list(record["elite_seeds"])
+    sha256 = record.get("elite_sha256")
+    if sha256 is None:
+        return []
+    path = Path(run_dir) / genome_file(sha256)
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"genome file {path}: unreadable ({error})") from None
+    seeds = document.get("seeds") if isinstance(document, dict) else None
+    if (
+        not isinstance(seeds, list)
+        or document.get("format") != GENOME_FORMAT
+        or not all(type(s) is int for s in seeds)
+        or seeds_sha256(seeds) != sha256
+        or len(seeds) != record.get("elite_length")
+    ):
+        raise ValueError(f"genome file {path}: not the {GENOME_FORMAT} seed list its name says")
+    return seeds

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from master.observe.events import Observer, RunSnapshot
 from master.run.checkpoint import CURRENT, PREVIOUS
 from master.run.rundir import write_bytes_atomic
-from neuro.runfiles import BEST_GENOME, CONFIG, ELITE_GENOME, METRICS
+from neuro.runfiles import BEST_GENOME, CONFIG, ELITE_GENOME, GENOMES, METRICS
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ TENSORBOARD_DIR = "tensorboard"
 """Its event files are mirrored too, so a fetched or restored run keeps its curves."""
 ARRAY_SUFFIX = ".npy"
 """Arrays in the run dir (an ES run's parameters and the sidecar its checkpoint names)."""
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 STATUS_FIELDS = ("run_id", "env_id", "generation", "phase", "frames", "evaluations",
                  "elite_score", "workers", "tasks_pending", "tasks_leased", "tasks_done",
                  "leases_reissued", "run_complete")  # fmt: skip
@@ -103,8 +105,8 @@ def parse_s3_uri(text: str) -> S3Uri:
     return S3Uri(bucket, prefix)
 
 
-def status_document(status: Any) -> dict[str, Any]:
-    """status.json's fields from what the Status RPC answers (a pb.StatusResponse)."""
+def status_document(status: RunSnapshot) -> dict[str, Any]:
+    """status.json's fields from a snapshot of the run (named as the Status RPC names them)."""
     document = {name: getattr(status, name) for name in STATUS_FIELDS}
     if not math.isfinite(document["elite_score"]):
         document["elite_score"] = None  # JSON has no NaN; no elite yet
@@ -138,6 +140,8 @@ class RunDirMirror:
         self.uri = uri if isinstance(uri, S3Uri) else parse_s3_uri(uri)
         self.client = client if client is not None else _client_for(self.uri)
         self._uploaded: dict[str, tuple[tuple[int, int, int], str]] = {}
+        # Genome files S3 already holds: named by their content, so never uploaded again.
+        self._stored_genomes: set[str] = set()
         self._failing = False
 
     def __repr__(self) -> str:
@@ -151,6 +155,7 @@ class RunDirMirror:
         """
         run_dir = Path(run_dir)
         present = self._list()
+        self._stored_genomes = {name for name in present if _is_genome_file(name)}
         if any((run_dir / name).exists() for name in CHECKPOINT_FILES):
             self._check_same_run(run_dir, present)
             return False  # the local run is the newer one; the next sync overwrites S3's
@@ -242,7 +247,7 @@ class RunDirMirror:
         # The checkpoints are read first: the trainer writes metrics and genomes before each
         # checkpoint, so the data read after one is at least as new as it, and a run restored
         # from S3 never lacks a metrics line its checkpoint counts (extra lines it drops).
-        extras = _extra_files(run_dir)
+        extras = [name for name in _extra_files(run_dir) if name not in self._stored_genomes]
         changed = {
             name: self._changed(run_dir, name) for name in (CURRENT, PREVIOUS, *DATA_FILES, *extras)
         }
@@ -286,11 +291,11 @@ class RunDirMirror:
 
     def _put(self, name: str, data: bytes) -> None:
         content_type = (
-            "application/octet-stream"
-            if _is_extra_file(name)
-            else "application/x-ndjson"
+            "application/x-ndjson"
             if name.endswith(".jsonl")
             else "application/json"
+            if name.endswith(".json")
+            else "application/octet-stream"
         )
         self.client.put_object(
             Bucket=self.uri.bucket, Key=self.uri.key(name), Body=data, ContentType=content_type
@@ -298,24 +303,35 @@ class RunDirMirror:
 
 
 def _is_extra_file(name: str) -> bool:
-    """A TensorBoard event file or a run-dir array, beside the fixed run files."""
+    """A TensorBoard event file, a genome file or a run-dir array, beside the fixed run files."""
     head, _, tail = name.partition("/")
     if not tail:
         return name.endswith(ARRAY_SUFFIX) and not name.startswith(".")
+    if head == GENOMES:
+        return _is_genome_file(name)
     return head == TENSORBOARD_DIR and "/" not in tail and tail.startswith("events.out.tfevents")
 
 
+def _is_genome_file(name: str) -> bool:
+    """genomes/<sha256>.json (not a temp file of one being written)."""
+    head, _, tail = name.partition("/")
+    return head == GENOMES and tail.endswith(".json") and bool(_SHA256_HEX.fullmatch(tail[:-5]))
+
+
 def _extra_files(run_dir: Path) -> list[str]:
-    """The run dir's event files and arrays, as names relative to it."""
+    """The run dir's event files, genome files and arrays, as names relative to it."""
     names = [path.name for path in run_dir.glob(f"*{ARRAY_SUFFIX}") if path.is_file()]
-    with contextlib.suppress(FileNotFoundError):
-        names += [f"{TENSORBOARD_DIR}/{path.name}" for path in (run_dir / TENSORBOARD_DIR).iterdir()
-                  if path.is_file()]  # fmt: skip
+    for folder in (TENSORBOARD_DIR, GENOMES):
+        with contextlib.suppress(FileNotFoundError):
+            names += [f"{folder}/{path.name}" for path in (run_dir / folder).iterdir()
+                      if path.is_file()]  # fmt: skip
     return sorted(name for name in names if _is_extra_file(name))
 
 
-class MirrorLoop:
+class MirrorLoop(Observer):
     """Syncs a run dir in the background: on request, every `interval` s, and once at close.
+
+    As an observer of the run, it requests a sync whenever a checkpoint is on disk.
 
     Syncs never overlap and each runs on a daemon thread: the event loop never waits for S3,
     and a sync stuck on a dead endpoint cannot keep the process from exiting.
@@ -352,6 +368,9 @@ class MirrorLoop:
     def request(self) -> None:
         """Asks for a sync soon (e.g. a checkpoint was written); returns at once."""
         self._wanted.set()
+
+    def checkpointed(self) -> None:
+        self.request()
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()

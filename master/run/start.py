@@ -5,19 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from master.algorithms.es import ESState, EvolutionStrategy
-from master.algorithms.ga import GAState, GeneticAlgorithm
+from master.algorithms import registry
+from master.algorithms.base import Algorithm
 from master.config import RunConfig
 from master.fleet.auth import TokenInterceptor
 from master.fleet.scheduler import Fleet, FleetSettings
@@ -28,15 +29,19 @@ from master.fleet.service import (
     TaskTemplate,
     add_to_server,
 )
+from master.observe.events import GenerationRecord, Observer
 from master.observe.progress import ProgressObserver, notice_stream
 from master.observe.tensorboard import TensorBoardObserver
-from master.run.checkpoint import load_sidecar
+from master.run.checkpoint import algorithm_section, load_sidecar
 from master.run.local_workers import LocalWorkers
-from master.run.rundir import GenerationRecord, RunDirectory
+from master.run.rundir import RunDirectory
 from master.run.s3_mirror import FINAL_SYNC_TIMEOUT_S, MirrorLoop, RunDirMirror, status_document
-from master.run.trainer import Budget, Observer, Trainer
+from master.run.trainer import Budget, Trainer
 from neuro.v1 import evolution_pb2 as pb
 from neuro.wire import SERVICE_NAME
+
+if TYPE_CHECKING:
+    from master.observe.prometheus import MetricsServer
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 5.0
@@ -64,33 +69,17 @@ def resume_config(payload: dict[str, Any], **budget: Any) -> RunConfig:
     return dataclasses.replace(RunConfig.from_dict(payload["config"]), **budget)
 
 
-def build_es(config: RunConfig, run_dir: Path, resume: dict[str, Any] | None) -> EvolutionStrategy:
-    """The ES of a run: theta initialised like a GA genome's first seed, or resumed."""
-    import numpy as np
-
-    from neuro.decode import decode_genome
-    from neuro.envs.make import make_env
-    from neuro.layout import init_scale, parameter_layout
-    from neuro.noise import NoiseTableSpec, load_noise_table
-
-    assert config.es is not None
-    table = load_noise_table(NoiseTableSpec(config.noise_table_seed, config.noise_table_size))
-    if resume is not None:
-        arrays = load_sidecar(run_dir, resume["sidecar"])
-        return EvolutionStrategy(config.es, table, state=ESState.from_dict(resume["ga"], arrays))
-    # The master builds the env once, only to learn its spaces (no torch here).
-    env = make_env(config.env_id, config.atari_dynamics).env
-    try:
-        space = env.action_space
-        outputs = int(space.n) if hasattr(space, "n") else int(np.prod(space.shape))
-        layout = parameter_layout(
-            config.architecture, env.observation_space.shape, outputs, config.hidden_sizes
-        )
-    finally:
-        env.close()
-    seed = int(np.random.default_rng(config.es.seed).integers(2**32))
-    theta = decode_genome(table, init_scale(layout), config.es.sigma, [seed])
-    return EvolutionStrategy(config.es, table, theta)
+def build_algorithm(config: RunConfig, run_dir: Path, resume: dict[str, Any] | None) -> Algorithm:
+    """The run's algorithm (registry entry config.algorithm): new, or as the checkpoint left it."""
+    entry = registry.get(config.algorithm)
+    if resume is None:
+        return entry.create(config)
+    name, state = algorithm_section(resume)
+    if name != entry.name:
+        raise ValueError(f"the checkpoint holds a {name} run, its config a {entry.name} run")
+    # A sidecar holds the state too big for JSON (the ES's theta and Adam moments).
+    arrays = load_sidecar(run_dir, resume["sidecar"]) if "sidecar" in resume else None
+    return entry.restore(config, state, arrays)
 
 
 def task_template(config: RunConfig, parameters: ParameterStore | None = None) -> TaskTemplate:
@@ -103,11 +92,41 @@ def task_template(config: RunConfig, parameters: ParameterStore | None = None) -
         env=pb.EnvSpec(env_id=config.env_id, atari_dynamics=dynamics if config.atari else 0),
         policy=pb.PolicySpec(architecture=config.architecture, hidden_sizes=config.hidden_sizes),
         noise_table=pb.NoiseTableSpec(seed=config.noise_table_seed, size=config.noise_table_size),
-        mutation_power=config.es.sigma if config.es is not None else config.ga.mutation_power,
+        mutation_power=registry.get(config.algorithm).mutation_power(config),
         max_episode_steps=config.max_episode_steps,
         lease_seconds=config.lease_seconds,
         parameters=parameters,
     )
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Where the master listens, and what a caller must bring (token, TLS)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 picks a free one."""
+    token: str | None = None
+    """Every call but the health check must carry it (master.fleet.auth)."""
+    tls: tuple[bytes, bytes] | None = None
+    """(certificate chain, private key) PEM; the port then speaks only TLS."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What runs beside the server: local workers, progress, checkpoints, S3 mirror, metrics."""
+
+    local_workers: int = 0
+    worker_args: tuple[str, ...] = ()
+    out: TextIO | None = sys.stdout
+    """Progress and notices go here; None: silent."""
+    checkpoint_seconds: float = 30.0
+    mirror: RunDirMirror | None = None
+    """Set: the run dir and a status.json go to S3 (after each checkpoint, periodically, at end)."""
+    s3_sync_seconds: float = 60.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    """Set: Prometheus /metrics is served on metrics_host:metrics_port."""
 
 
 async def start_master(
@@ -129,6 +148,33 @@ async def start_master(
     `token`: every call but the health check must carry it (master.fleet.auth). `tls`: (certificate
     chain, private key) PEM; the port then speaks only TLS.
     """
+    trainer, parameters = _build_trainer(config, run_dir, out, resume, checkpoint_seconds)
+    interceptors = [TokenInterceptor(token)] if token is not None else None
+    # An explicit cap (gRPC's default): a bigger message gets RESOURCE_EXHAUSTED.
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES), *options],
+        interceptors=interceptors,
+    )
+    # Not the generated add_EvolutionServicer_to_server: unparsable bytes get INVALID_ARGUMENT.
+    service = EvolutionService(trainer.fleet, task_template(config, parameters), trainer.snapshot)
+    add_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = _bind(server, host, port, tls)
+    await server.start()
+    for name in (SERVICE_NAME, ""):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return Master(server, bound, trainer, health_servicer)
+
+
+def _build_trainer(
+    config: RunConfig,
+    run_dir: Path,
+    out: TextIO | None,
+    resume: dict[str, Any] | None,
+    checkpoint_seconds: float,
+) -> tuple[Trainer, ParameterStore | None]:
+    """The run's trainer over a fresh fleet, and the parameter store workers fetch (if any)."""
     fleet = Fleet(
         FleetSettings(
             run_id=config.run_id,
@@ -140,21 +186,14 @@ async def start_master(
     )
     directory = RunDirectory(run_dir)
     directory.write_config(config.to_dict())
-    algorithm: GeneticAlgorithm | EvolutionStrategy
-    parameters = None
-    if config.es is not None:
-        algorithm = build_es(config, directory.path, resume)
-        parameters = ParameterStore(algorithm.parameters)
-        document = config.parameters_document
-    else:
-        state = GAState.from_dict(resume["ga"]) if resume is not None else None
-        algorithm = GeneticAlgorithm(config.ga, state)
-        document = config.genome_document
+    algorithm = build_algorithm(config, directory.path, resume)
+    # Workers fetch the shared parameter vector of an algorithm that has one (the ES's theta).
+    parameters = (
+        ParameterStore(algorithm.parameters) if algorithm.parameters() is not None else None
+    )
+    document = functools.partial(registry.get(config.algorithm).elite_document, config)
     if resume is not None:
         directory.truncate_metrics(algorithm.generation)
-    observers: list[Observer] = [TensorBoardObserver(directory.path / "tensorboard")]
-    if out is not None:
-        observers.append(ProgressObserver(out))
     trainer = Trainer(
         algorithm,
         fleet,
@@ -162,22 +201,30 @@ async def start_master(
         directory,
         document,
         config.env_id,
-        observers=observers,
+        observers=_observers(config, directory, out),
         config=config.to_dict(),
         checkpoint_seconds=checkpoint_seconds,
         resume=resume,
     )
-    interceptors = [TokenInterceptor(token)] if token is not None else None
-    # An explicit cap (gRPC's default): a bigger message gets RESOURCE_EXHAUSTED.
-    server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES), *options],
-        interceptors=interceptors,
-    )
-    # Not the generated add_EvolutionServicer_to_server: unparsable bytes get INVALID_ARGUMENT.
-    service = EvolutionService(fleet, task_template(config, parameters), trainer.status)
-    add_to_server(service, server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    return trainer, parameters
+
+
+def _observers(config: RunConfig, directory: RunDirectory, out: TextIO | None) -> list[Observer]:
+    """TensorBoard always; progress lines when there is somewhere to print them."""
+    observers: list[Observer] = [TensorBoardObserver(directory.path / "tensorboard")]
+    if out is not None:
+        progress = ProgressObserver(
+            out,
+            generations=config.generations,
+            frames=config.frames,
+            episodes_per_task=config.episodes_per_task,
+        )
+        observers.append(progress)
+    return observers
+
+
+def _bind(server: grpc.aio.Server, host: str, port: int, tls: tuple[bytes, bytes] | None) -> int:
+    """Adds the listening port (TLS-only when `tls` is set); the port bound, or OSError."""
     if tls is not None:
         certificate, key = tls
         credentials = grpc.ssl_server_credentials([(key, certificate)])
@@ -186,69 +233,39 @@ async def start_master(
         bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"could not listen on {host}:{port}")
-    await server.start()
-    for name in (SERVICE_NAME, ""):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Master(server, bound, trainer, health_servicer)
+    return bound
+
+
+@dataclass
+class _Companions:
+    """What runs beside a master's server and must be closed with it."""
+
+    workers: LocalWorkers
+    metrics: MetricsServer | None = None
+    syncer: MirrorLoop | None = None
 
 
 async def run_master(
     config: RunConfig,
     run_dir: Path,
-    host: str,
-    port: int,
-    local_workers: int = 0,
-    worker_args: tuple[str, ...] = (),
-    out: TextIO | None = sys.stdout,
+    serve: ServeOptions,
+    options: RunOptions | None = None,
     resume: dict[str, Any] | None = None,
-    checkpoint_seconds: float = 30.0,
-    token: str | None = None,
-    tls: tuple[bytes, bytes] | None = None,
-    mirror: RunDirMirror | None = None,
-    s3_sync_seconds: float = 60.0,
-    metrics_host: str = "127.0.0.1",
-    metrics_port: int | None = None,
 ) -> list[GenerationRecord]:
     """Serves and trains until the budget is spent or SIGINT/SIGTERM arrives.
 
     On a signal the run is checkpointed, not completed: starting again on the same run dir
-    continues it, and remote workers wait for the master meanwhile. With a `mirror`, the run
-    dir and a status.json go to S3 after each checkpoint, every `s3_sync_seconds` and once
-    at the end, in the background. With a `metrics_port`, Prometheus /metrics is served on
+    continues it, and remote workers wait for the master meanwhile. With a mirror, the run
+    dir and a status.json go to S3 after each checkpoint, every s3_sync_seconds and once
+    at the end, in the background. With a metrics_port, Prometheus /metrics is served on
     metrics_host:metrics_port (master.observe.prometheus).
     """
-    master = await start_master(
-        config,
-        run_dir,
-        host,
-        port,
-        out,
-        resume=resume,
-        checkpoint_seconds=checkpoint_seconds,
-        token=token,
-        tls=tls,
-    )
-    metrics = None
-    if metrics_port is not None:
-        from master.observe.prometheus import start_metrics_server
-
-        try:
-            metrics = start_metrics_server(master.trainer, metrics_host, metrics_port)
-        except OSError:
-            await master.stop(0)
-            raise
-        if out is not None:
-            print(f"neuro master: metrics at {metrics.url}", file=notice_stream(out), flush=True)
-    syncer = None
-    if mirror is not None:
-        trainer = master.trainer
-        syncer = MirrorLoop(
-            mirror, run_dir, lambda: status_document(trainer.status()), s3_sync_seconds
-        )
-        trainer.after_checkpoint = syncer.request
-        syncer.start()
-    connect_host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
-    workers = LocalWorkers(f"{connect_host}:{master.port}", local_workers, worker_args, token)
+    options = options or RunOptions()
+    master = await start_master(config, run_dir, serve.host, serve.port, options.out,
+                                resume=resume, checkpoint_seconds=options.checkpoint_seconds,
+                                token=serve.token, tls=serve.tls)  # fmt: skip
+    companions = await _start_companions(master, run_dir, serve, options)
+    out = options.out
     if out is not None:
         print(
             f"neuro master: run {config.run_id} on {config.env_id}, port {master.port}, "
@@ -262,8 +279,8 @@ async def run_master(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, training.cancel)
     try:
-        workers.start()
-        watchdog = asyncio.ensure_future(workers.watch(training))
+        companions.workers.start()
+        watchdog = asyncio.ensure_future(companions.workers.watch(training))
         try:
             return await training
         except asyncio.CancelledError:
@@ -273,14 +290,61 @@ async def run_master(
         finally:
             watchdog.cancel()
     finally:
+        await _shut_down(master, companions)
+
+
+async def _start_companions(
+    master: Master, run_dir: Path, serve: ServeOptions, options: RunOptions
+) -> _Companions:
+    """Starts the metrics endpoint and S3 mirror, and prepares (not starts) the local workers."""
+    metrics = None
+    if options.metrics_port is not None:
+        from master.observe.prometheus import start_metrics_server
+
+        try:
+            metrics = start_metrics_server(
+                master.trainer, options.metrics_host, options.metrics_port
+            )
+        except OSError:
+            await master.stop(0)
+            raise
+        if options.out is not None:
+            print(f"neuro master: metrics at {metrics.url}", file=notice_stream(options.out),
+                  flush=True)  # fmt: skip
+    syncer = None
+    if options.mirror is not None:
+        trainer = master.trainer
+        syncer = MirrorLoop(options.mirror, run_dir, lambda: status_document(trainer.snapshot()),
+                            options.s3_sync_seconds)  # fmt: skip
+        trainer.observers.append(syncer)  # it syncs after each checkpoint
+        syncer.start()
+    host = serve.host
+    connect_host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+    workers = LocalWorkers(f"{connect_host}:{master.port}", options.local_workers,
+                           options.worker_args, serve.token)  # fmt: skip
+    return _Companions(workers, metrics, syncer)
+
+
+async def _shut_down(master: Master, companions: _Companions) -> None:
+    """Lets workers learn the run is over, closes the companions, then stops the server."""
+    loop = asyncio.get_running_loop()
+    workers, metrics, syncer = companions.workers, companions.metrics, companions.syncer
+    if master.trainer.fleet.run_complete:
+        # Remote workers learn that the run is over only by calling: keep answering until
+        # they have, for a bounded time (a signal cuts it short).
+        lingering = asyncio.ensure_future(master.trainer.fleet.linger())
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(signum)
-        if syncer is not None:
-            # Bounded: a dead S3 cannot hold up the exit (the run dir has everything anyway).
-            await syncer.close(FINAL_SYNC_TIMEOUT_S)
-        # Let local workers see run_complete and leave on their own before the server goes.
-        await workers.stop(timeout=SHUTDOWN_GRACE_S)
-        if metrics is not None:
-            await metrics.close()
-        await master.stop()
+                loop.add_signal_handler(signum, lingering.cancel)
+        await asyncio.wait([lingering])
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signum)
+    if syncer is not None:
+        # Bounded: a dead S3 cannot hold up the exit (the run dir has everything anyway).
+        await syncer.close(FINAL_SYNC_TIMEOUT_S)
+    # Let local workers see run_complete and leave on their own before the server goes.
+    await workers.stop(timeout=SHUTDOWN_GRACE_S)
+    if metrics is not None:
+        await metrics.close()
+    await master.stop()

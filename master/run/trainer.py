@@ -1,6 +1,6 @@
-"""The master's loop: ask the algorithm (GA or ES) -> evaluate on the fleet -> tell.
+"""The master's loop: ask the algorithm -> evaluate on the fleet -> tell.
 
-Observers record the rest.
+Observers (master.observe.events) record the rest; the loop never knows which algorithm runs.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from master.algorithms.es import ESSummary, EvolutionStrategy
-from master.algorithms.ga import OFFSPRING, GenerationSummary, GeneticAlgorithm, Genome
+from master.algorithms.base import OFFSPRING, Algorithm, GenerationSummary
 from master.fleet.scheduler import Fleet
-from master.run.checkpoint import save_checkpoint, save_sidecar
-from master.run.rundir import GenerationRecord, RunDirectory
-from neuro.v1 import evolution_pb2 as pb
+from master.observe.events import GenerationRecord, Observer, RunSnapshot
+from master.run.checkpoint import ALGORITHM, save_checkpoint, save_sidecar
+from master.run.rundir import RunDirectory
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +43,12 @@ class Budget:
         )
 
 
-class Observer:
-    """Told what the run does; each method runs on the event loop and must return at once."""
-
-    def started(self, trainer: Trainer) -> None:
-        """The run starts training (or resumes): `trainer` holds its counters so far."""
-
-    def generation(self, record: GenerationRecord, workers: int) -> None:
-        """A generation is over, and its metrics line and checkpoint are on disk."""
-
-    def stopped(self) -> None:
-        """The run stopped training: budget spent, cancelled or failed."""
-
-
 class Trainer:
-    """Drives one run. The GA stays pure; this class owns counters, clocks and the run dir."""
+    """Drives one run. The algorithm stays pure; this class owns counters, clocks, the run dir."""
 
     def __init__(
         self,
-        ga: GeneticAlgorithm | EvolutionStrategy,
+        algorithm: Algorithm,
         fleet: Fleet,
         budget: Budget,
         run_dir: RunDirectory,
@@ -73,9 +59,8 @@ class Trainer:
         config: dict[str, Any] | None = None,
         checkpoint_seconds: float = 30.0,
         resume: dict[str, Any] | None = None,
-        after_checkpoint: Callable[[], None] | None = None,
     ) -> None:
-        self.ga = ga
+        self.algorithm = algorithm
         self.fleet = fleet
         self.budget = budget
         self.run_dir = run_dir
@@ -88,9 +73,6 @@ class Trainer:
         self.records: list[GenerationRecord] = []
         self.config = config or {}
         self.checkpoint_seconds = checkpoint_seconds
-        # An observer (e.g. the S3 mirror) told after each checkpoint is on disk; it must
-        # return at once, since it runs on the event loop.
-        self.after_checkpoint = after_checkpoint
         self._started = clock()
         self._saving: asyncio.Future[None] | None = None
         # Counters when the current generation began: its record spans a restart.
@@ -118,7 +100,7 @@ class Trainer:
     def checkpoint_payload(self) -> dict[str, Any]:
         """Everything needed to continue: algorithm, counters, and the running phase's results.
 
-        (The ES's arrays are not in it: see _snapshot.)
+        (The algorithm's arrays, if it has any, are not in it: see _checkpoint_contents.)
         """
         recorded = {
             task_id: ([_json_float(r) for r in returns], frames)
@@ -126,7 +108,7 @@ class Trainer:
         }
         return {
             "config": self.config,
-            "ga": self.ga.state.to_dict(),
+            ALGORITHM: {"name": self.algorithm.name, "state": self.algorithm.state_dict()},
             "trainer": {
                 "frames": self.frames,
                 "evaluations": self.evaluations,
@@ -137,13 +119,14 @@ class Trainer:
             "phase_recorded": recorded,
         }
 
-    def _snapshot(self) -> tuple[dict[str, Any], tuple[int, Any] | None]:
-        """The checkpoint payload and, for the ES, (generation, arrays) for its .npy sidecar."""
+    def _checkpoint_contents(self) -> tuple[dict[str, Any], tuple[int, Any] | None]:
+        """The checkpoint payload and, if the algorithm has arrays, (generation, arrays)."""
         payload = self.checkpoint_payload()
-        if not isinstance(self.ga, EvolutionStrategy):
+        # Taken now, on the loop, with the payload: the file is written later, on a thread.
+        arrays = self.algorithm.arrays()
+        if arrays is None:
             return payload, None
-        # Taken now, on the loop: the next update replaces (never mutates) these arrays.
-        return payload, (self.ga.generation, self.ga.state.arrays())
+        return payload, (self.algorithm.generation, arrays)
 
     def _write_checkpoint(self, payload: dict[str, Any], sidecar: tuple[int, Any] | None) -> None:
         # The sidecar goes first: a checkpoint on disk never names arrays that are not.
@@ -153,7 +136,7 @@ class Trainer:
 
     async def checkpoint(self) -> None:
         """Writes a checkpoint now (after any file still being written)."""
-        payload, sidecar = self._snapshot()
+        payload, sidecar = self._checkpoint_contents()
         await self._saved()
         self._saving = asyncio.ensure_future(
             asyncio.to_thread(self._write_checkpoint, payload, sidecar)
@@ -173,9 +156,9 @@ class Trainer:
         not told the run is complete, so they wait for the master to come back.
         """
         periodic = asyncio.ensure_future(self._checkpoint_periodically())
-        self._tell_observers("started", self)
+        self._tell_observers("started", self.snapshot)
         try:
-            while not self.budget.exhausted(self.ga.generation, self.frames, self.ga.elite_score):
+            while not self._budget_spent():
                 await self._generation()
             self.fleet.run_complete = True
         finally:
@@ -186,8 +169,12 @@ class Trainer:
                 self._tell_observers("stopped")
         return self.records
 
+    def _budget_spent(self) -> bool:
+        algorithm = self.algorithm
+        return self.budget.exhausted(algorithm.generation, self.frames, algorithm.elite_score)
+
     async def _generation(self) -> None:
-        if self.ga.phase == OFFSPRING and not self._recorded:
+        if self.algorithm.phase == OFFSPRING and not self._recorded:
             self._generation_start = (
                 self.frames, self.evaluations, self.fleet.counters().reissued
             )  # fmt: skip
@@ -195,10 +182,10 @@ class Trainer:
         summary = None
         while summary is None:
             recorded, self._recorded = self._recorded, {}
-            outcome = await self.fleet.evaluate(self.ga.ask(), recorded)
+            outcome = await self.fleet.evaluate(self.algorithm.ask(), recorded)
             self.frames += outcome.frames
             self.evaluations += outcome.episodes
-            summary = self.ga.tell(outcome.returns)
+            summary = self.algorithm.tell(outcome.returns)
         record = self._record(
             summary,
             self.frames - frames_before,
@@ -214,7 +201,7 @@ class Trainer:
             )
         # The files are written and fsynced on a thread while the next generation runs, so a
         # slow disk stalls no worker's call; one write at a time keeps them in order.
-        payload, sidecar = self._snapshot()
+        payload, sidecar = self._checkpoint_contents()
         await self._saved()
         self._saving = asyncio.ensure_future(
             asyncio.to_thread(self._save, record, document, summary.elite_score, payload, sidecar)
@@ -240,8 +227,8 @@ class Trainer:
         self._write_checkpoint(checkpoint, sidecar)
 
     def _checkpoint_written(self, saving: asyncio.Future[None]) -> None:
-        if self.after_checkpoint is not None and not saving.cancelled() and not saving.exception():
-            self.after_checkpoint()
+        if not saving.cancelled() and not saving.exception():
+            self._tell_observers("checkpointed")
 
     def _generation_saved(self, record: GenerationRecord, saving: asyncio.Future[None]) -> None:
         if not saving.cancelled() and not saving.exception():
@@ -263,11 +250,11 @@ class Trainer:
             self._saving = None
 
     def _record(
-        self, summary: GenerationSummary | ESSummary, frames: int, evaluations: int, reissued: int
+        self, summary: GenerationSummary, frames: int, evaluations: int, reissued: int
     ) -> GenerationRecord:
         if evaluations != summary.evaluations:
             raise AssertionError(
-                f"fleet played {evaluations} episodes, GA counted {summary.evaluations}"
+                f"fleet played {evaluations} episodes, the algorithm counted {summary.evaluations}"
             )
         return GenerationRecord(
             generation=summary.generation,
@@ -278,35 +265,36 @@ class Trainer:
             score_max=summary.score_max,
             elite_score=summary.elite_score,
             elite_seeds=list(summary.elite.seeds) if summary.elite else [],
-            extra=summary.metrics if isinstance(summary, ESSummary) else {},
+            extra=summary.metrics(),
             generation_evaluations=evaluations,
             generation_frames=frames,
             failed_evaluations=summary.failed,
             leases_reissued=reissued,
         )
 
-    def status(self) -> pb.StatusResponse:
-        """What `Status` answers: where the run stands right now."""
+    def snapshot(self, workers: bool = False) -> RunSnapshot:
+        """Where the run stands right now; with `workers`, the per-worker table too."""
         counters = self.fleet.counters()
-        elite = self.ga.elite
-        response = pb.StatusResponse(
+        elite = self.algorithm.elite
+        return RunSnapshot(
             run_id=self.fleet.settings.run_id,
             env_id=self.env_id,
-            generation=self.ga.generation,
-            phase=self.ga.phase,
+            generation=self.algorithm.generation,
+            phase=self.algorithm.phase,
             frames=self.frames,
             evaluations=self.evaluations,
-            elite_score=self.ga.elite_score,
+            elite_score=self.algorithm.elite_score,
+            elite_seeds=tuple(elite.seeds) if elite is not None else (),
             tasks_pending=counters.pending,
             tasks_leased=counters.leased,
             tasks_done=counters.done,
             workers=self.fleet.workers_connected(),
             leases_reissued=counters.reissued,
             run_complete=self.fleet.run_complete,
+            wall_s=self.wall_s(),
+            last_record=self.records[-1] if self.records else None,
+            worker_status=tuple(self.fleet.worker_stats()) if workers else (),
         )
-        if isinstance(elite, Genome):
-            response.elite.seeds.extend(elite.seeds)
-        return response
 
 
 def _json_float(value: float) -> float | None:

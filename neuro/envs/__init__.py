@@ -10,7 +10,9 @@ Ids (call `register_envs()` first; the master and the workers do):
 - Sized variants name K, D and the task seed in the id, each part optional, in this order:
   `neuro/Memorize-K10-v0`, `neuro/MemorizeUntilMistake-K32-D8-v0`, `neuro/Memorize-K64-S7-v0`.
   An id is all a worker receives, so this is how a distributed run picks the task;
-  `register_envs(env_id)` registers such an id on first use.
+  `register_envs(env_id)` registers such an id on first use. Sizes are bounded (K up to
+  2**20, D up to 2**16, K * D up to 2**24: see neuro.envs.memorize), so an absurd id fails
+  before any dataset is drawn.
 
 Each id is registered with max_episode_steps=K and its perfect score as reward_threshold, so a
 run stops once the elite memorises the whole set. In Python, `gym.make(id, num_examples=K,

@@ -28,6 +28,13 @@ DEFAULT_OBS_DIM = 16
 DEFAULT_TASK_SEED = 0
 OBS_BOUND = 10.0
 """Inputs are clipped to +-OBS_BOUND so the space is bounded; N(0, 1) never gets near it."""
+MAX_NUM_EXAMPLES = 2**20
+"""Largest K: an episode is K steps."""
+MAX_OBS_DIM = 2**16
+"""Largest D: the policy's input width."""
+MAX_DATASET_VALUES = 2**24
+"""Largest K * D: 64 MiB of float32, 128 MiB of float64 while it is drawn. An id arrives from
+the master, so a typo must fail here, not take gigabytes on every worker."""
 _MAX_TASK_SEED = 2**32 - 1  # numpy.random.RandomState's seed range
 
 
@@ -44,7 +51,16 @@ def check_task(num_examples: Any, obs_dim: Any, task_seed: Any) -> tuple[int, in
         if value < low or (high is not None and value > high):
             bound = f">= {low}" if high is None else f"in [{low}, {high}]"
             raise ValueError(f"{name} must be {bound}, got {value}")
-    return int(num_examples), int(obs_dim), int(task_seed)
+    k, d = int(num_examples), int(obs_dim)
+    if k > MAX_NUM_EXAMPLES:
+        raise ValueError(f"num_examples must be <= {MAX_NUM_EXAMPLES}, got {k}")
+    if d > MAX_OBS_DIM:
+        raise ValueError(f"obs_dim must be <= {MAX_OBS_DIM}, got {d}")
+    if k * d > MAX_DATASET_VALUES:
+        raise ValueError(
+            f"num_examples * obs_dim must be <= {MAX_DATASET_VALUES}, got {k} * {d} = {k * d}"
+        )
+    return k, d, int(task_seed)
 
 
 def memorize_dataset(

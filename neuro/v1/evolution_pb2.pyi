@@ -24,6 +24,7 @@ class ResultDisposition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESULT_DISPOSITION_ACCEPTED: _ClassVar[ResultDisposition]
     RESULT_DISPOSITION_DUPLICATE: _ClassVar[ResultDisposition]
     RESULT_DISPOSITION_STALE: _ClassVar[ResultDisposition]
+    RESULT_DISPOSITION_REJECTED: _ClassVar[ResultDisposition]
 PROTOCOL_VERSION_UNSPECIFIED: ProtocolVersion
 PROTOCOL_VERSION_CURRENT: ProtocolVersion
 ATARI_DYNAMICS_UNSPECIFIED: AtariDynamics
@@ -33,6 +34,7 @@ RESULT_DISPOSITION_UNSPECIFIED: ResultDisposition
 RESULT_DISPOSITION_ACCEPTED: ResultDisposition
 RESULT_DISPOSITION_DUPLICATE: ResultDisposition
 RESULT_DISPOSITION_STALE: ResultDisposition
+RESULT_DISPOSITION_REJECTED: ResultDisposition
 
 class NoiseTableSpec(_message.Message):
     __slots__ = ("seed", "size")
@@ -207,10 +209,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., worker_id: _Optional[str] = ..., task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("dropped_task_ids",)
+    __slots__ = ("dropped_task_ids", "run_complete")
     DROPPED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    RUN_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     dropped_task_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, dropped_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    run_complete: bool
+    def __init__(self, dropped_task_ids: _Optional[_Iterable[str]] = ..., run_complete: _Optional[bool] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("protocol_version", "worker_id", "task_ids")
@@ -233,7 +237,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("run_id", "env_id", "generation", "phase", "frames", "evaluations", "elite_score", "elite", "tasks_pending", "tasks_leased", "tasks_done", "workers", "leases_reissued", "run_complete", "worker_status")
+    __slots__ = ("run_id", "env_id", "generation", "phase", "frames", "evaluations", "elite_score", "elite", "tasks_pending", "tasks_leased", "tasks_done", "workers", "leases_reissued", "run_complete", "worker_status", "workers_tracked")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +253,7 @@ class StatusResponse(_message.Message):
     LEASES_REISSUED_FIELD_NUMBER: _ClassVar[int]
     RUN_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     WORKER_STATUS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_TRACKED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     env_id: str
     generation: int
@@ -264,7 +269,8 @@ class StatusResponse(_message.Message):
     leases_reissued: int
     run_complete: bool
     worker_status: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
-    def __init__(self, run_id: _Optional[str] = ..., env_id: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., frames: _Optional[int] = ..., evaluations: _Optional[int] = ..., elite_score: _Optional[float] = ..., elite: _Optional[_Union[Genome, _Mapping]] = ..., tasks_pending: _Optional[int] = ..., tasks_leased: _Optional[int] = ..., tasks_done: _Optional[int] = ..., workers: _Optional[int] = ..., leases_reissued: _Optional[int] = ..., run_complete: _Optional[bool] = ..., worker_status: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ...) -> None: ...
+    workers_tracked: int
+    def __init__(self, run_id: _Optional[str] = ..., env_id: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., frames: _Optional[int] = ..., evaluations: _Optional[int] = ..., elite_score: _Optional[float] = ..., elite: _Optional[_Union[Genome, _Mapping]] = ..., tasks_pending: _Optional[int] = ..., tasks_leased: _Optional[int] = ..., tasks_done: _Optional[int] = ..., workers: _Optional[int] = ..., leases_reissued: _Optional[int] = ..., run_complete: _Optional[bool] = ..., worker_status: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., workers_tracked: _Optional[int] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
     __slots__ = ("worker_id", "tasks_leased", "evaluations", "frames", "frames_per_second", "seconds_since_contact")

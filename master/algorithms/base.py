@@ -1,0 +1,170 @@
+"""What every algorithm is to the rest of the master: ask/tell over explicit, serialisable state.
+
+The trainer, the fleet and the observers speak only the types here; which algorithm runs is
+the registry's business (master.algorithms.registry), and tests/test_algorithm_contract.py
+holds every registered one to this interface.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeAlias
+
+import numpy as np
+
+from neuro.genome import Genome
+
+OFFSPRING = "offspring"
+"""The phase that evaluates a generation's new candidates."""
+ELITE = "elite"
+"""The GA's second phase: its elite candidates play more episodes."""
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """An ES candidate: parameters `version` + sign * sigma * eps(noise_index); sign 0: theta."""
+
+    version: int
+    noise_index: int
+    sign: int
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """A parameter vector with the version it belongs to (the vector ES workers perturb)."""
+
+    version: int
+    theta: np.ndarray
+    seeds: tuple[int, ...] = ()
+
+
+Candidate: TypeAlias = Genome | Perturbation
+"""What one evaluation plays: a seed-list genome, or a perturbation of shared parameters."""
+
+
+@dataclass(frozen=True)
+class EvaluationRequest:
+    """Play `episodes` episodes with `genome`; `key` names the answer in tell()."""
+
+    key: str
+    genome: Candidate
+    episodes: int
+
+
+@dataclass(frozen=True)
+class GenerationSummary:
+    """What one finished generation produced: the figures every algorithm reports."""
+
+    generation: int
+    scores: tuple[float, ...]
+    """One-episode score of each new candidate, NaN where its evaluation failed."""
+    elite: Genome | Parameters | None
+    """What the run dir saves as this generation's elite (None: nothing to save yet)."""
+    elite_score: float
+    """The elite's mean over its evaluation episodes (NaN if it could not be scored)."""
+    evaluations: int
+    """Episodes the generation played, every phase included."""
+
+    @property
+    def valid_scores(self) -> list[float]:
+        return [s for s in self.scores if math.isfinite(s)]
+
+    @property
+    def score_mean(self) -> float:
+        valid = self.valid_scores
+        return float(np.mean(valid)) if valid else math.nan
+
+    @property
+    def score_max(self) -> float:
+        valid = self.valid_scores
+        return max(valid) if valid else math.nan
+
+    @property
+    def failed(self) -> int:
+        return len(self.scores) - len(self.valid_scores)
+
+    def metrics(self) -> dict[str, Any]:
+        """The algorithm's own figures (JSON values), recorded beside the common ones."""
+        return {}
+
+
+class Algorithm(abc.ABC):
+    """An ask/tell optimiser: pure (no I/O, no clocks), deterministic given its seed.
+
+    A generation is one or more phases; each phase is one ask() and the tell() that answers
+    it, and the last tell() of a generation returns its summary. Each class also has a
+    `from_state_dict` classmethod (its arguments are its own: the ES needs the noise table);
+    the registry calls it with a uniform signature.
+    """
+
+    name: ClassVar[str]
+    """The registry name, recorded in checkpoints."""
+
+    @property
+    @abc.abstractmethod
+    def generation(self) -> int:
+        """Generations completed."""
+
+    @property
+    @abc.abstractmethod
+    def phase(self) -> str:
+        """The running phase (OFFSPRING, ELITE, ...)."""
+
+    @property
+    @abc.abstractmethod
+    def elite(self) -> Genome | None:
+        """The genome Status names as the elite; None when there is none (or it is no genome)."""
+
+    @property
+    @abc.abstractmethod
+    def elite_score(self) -> float:
+        """The last elite's score; NaN before the first, or when it could not be scored."""
+
+    @abc.abstractmethod
+    def ask(self) -> list[EvaluationRequest]:
+        """The evaluations the running phase needs; the same list until tell() is called."""
+
+    @abc.abstractmethod
+    def tell(self, returns: Mapping[str, Sequence[float]]) -> GenerationSummary | None:
+        """The episode returns of every asked key (NaN: failed); the summary if a generation ends.
+
+        ValueError, changing nothing, unless the keys and lengths are exactly those asked.
+        """
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue, as a JSON document with its own "format" version."""
+
+    def arrays(self) -> np.ndarray | None:
+        """State too big for JSON, saved beside the checkpoint as an .npy (None: none)."""
+        return None
+
+    def parameters(self) -> Parameters | None:
+        """The parameter vector workers fetch to apply perturbations to (None: none)."""
+        return None
+
+
+def check_returns(
+    requests: Sequence[EvaluationRequest], returns: Mapping[str, Sequence[float]]
+) -> None:
+    """ValueError naming the keys at fault unless `returns` answers exactly `requests`."""
+    expected = {r.key for r in requests}
+    if set(returns) != expected:
+        missing = sorted(expected - set(returns))[:3]
+        extra = sorted(set(returns) - expected)[:3]
+        raise ValueError(f"tell() needs exactly the asked keys; missing {missing}, extra {extra}")
+    for r in requests:
+        if len(returns[r.key]) != r.episodes:
+            raise ValueError(
+                f"{r.key} needs {r.episodes} episode returns, got {len(returns[r.key])}"
+            )
+
+
+def check_format(document: Mapping[str, Any], expected: str) -> None:
+    """ValueError unless a state document is of `expected` format (none: written before formats)."""
+    found = document.get("format", expected)
+    if found != expected:
+        raise ValueError(f"state document is {found!r}, expected {expected!r}")

@@ -1,0 +1,94 @@
+"""One harness for a live master on loopback: started with a config, always stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from master.config import RunConfig
+from master.run.start import Master, start_master
+from master.run.trainer import Trainer
+from neuro.v1 import evolution_pb2_grpc as pb_grpc
+
+
+@dataclass
+class LiveMaster:
+    """A master serving on loopback, its run dir and (when started) its training task."""
+
+    master: Master
+    run_dir: Path
+    training: asyncio.Future | None = None
+    _channels: list[grpc.aio.Channel] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        """The port the master bound."""
+        return self.master.port
+
+    @property
+    def address(self) -> str:
+        """host:port of the master, on loopback."""
+        return f"127.0.0.1:{self.master.port}"
+
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer the master serves."""
+        return self.master.trainer
+
+    def channel(
+        self,
+        options: Sequence[tuple[str, Any]] = (),
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> grpc.aio.Channel:
+        """A new grpc.aio channel to the master (TLS with `credentials`), closed with the master."""
+        if credentials is None:
+            channel = grpc.aio.insecure_channel(self.address, options=list(options))
+        else:
+            channel = grpc.aio.secure_channel(self.address, credentials, options=list(options))
+        self._channels.append(channel)
+        return channel
+
+    def stub(self, options: Sequence[tuple[str, Any]] = ()) -> pb_grpc.EvolutionStub:
+        """An Evolution stub on a new plain channel to the master."""
+        return pb_grpc.EvolutionStub(self.channel(options))
+
+
+@contextlib.asynccontextmanager
+async def live_master(
+    config: RunConfig,
+    run_dir: Path,
+    *,
+    train: bool = True,
+    port: int = 0,
+    token: str | None = None,
+    tls: tuple[bytes, bytes] | None = None,
+    resume: dict[str, Any] | None = None,
+    checkpoint_seconds: float = 30.0,
+) -> AsyncIterator[LiveMaster]:
+    """Starts a master on 127.0.0.1 (port 0: a free one), training unless `train` is False.
+
+    On exit the training task is cancelled, the channels handed out are closed and the master
+    stops, whatever happened inside.
+    """
+    master = await start_master(config, run_dir, port=port, out=None, resume=resume,
+                                checkpoint_seconds=checkpoint_seconds, token=token,
+                                tls=tls)  # fmt: skip
+    live = LiveMaster(master, Path(run_dir))
+    if train:
+        live.training = asyncio.ensure_future(master.trainer.run())
+    try:
+        yield live
+    finally:
+        if live.training is not None:
+            live.training.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await live.training
+        for channel in live._channels:
+            await channel.close()
+        await master.stop(0)

@@ -1,0 +1,251 @@
+"""The contract every registered algorithm keeps: an entry added to the registry is tested here.
+
+Tiny CartPole configs, numpy only, no workers: each test asks, makes up episode returns and
+tells, as the trainer would with real ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from master.algorithms import registry
+from master.algorithms.base import Algorithm, EvaluationRequest, GenerationSummary
+from master.config import RunConfig, inspect_env_id, preset
+from master.observe.events import GenerationRecord
+from neuro.genome import Genome
+
+TINY: dict[str, dict[str, Any]] = {
+    "ga": {"population_size": 12, "truncation": 3, "elite_candidates": 3, "elite_episodes": 2},
+    "es": {"pairs": 4, "eval_episodes": 2},
+}
+"""Small settings per algorithm; an entry not named here runs with its CartPole defaults."""
+MAX_PHASES = 50
+"""A generation with more phases than this is taken for one that never ends."""
+
+
+@pytest.fixture(params=registry.ALGORITHMS)
+def entry(request: pytest.FixtureRequest) -> registry.Entry:
+    return registry.get(request.param)
+
+
+@pytest.fixture
+def config(entry: registry.Entry, noise_cache) -> RunConfig:
+    return preset(inspect_env_id("CartPole-v1"), algorithm=entry.name, seed=3, hidden_sizes=(8,),
+                  noise_table_size=2**16, **TINY.get(entry.name, {}))  # fmt: skip
+
+
+def answers(
+    requests: Iterable[EvaluationRequest], rng: np.random.Generator, failed: Iterable[str] = ()
+) -> dict[str, list[float]]:
+    """Made-up episode returns for every request; NaN (failed) for the keys in `failed`."""
+    failed = set(failed)
+    return {
+        r.key: [math.nan if r.key in failed else float(rng.normal()) for _ in range(r.episodes)]
+        for r in requests
+    }
+
+
+def play_generation(
+    algorithm: Algorithm,
+    rng: np.random.Generator,
+    failed: Callable[[list[EvaluationRequest]], Iterable[str]] = lambda requests: (),
+) -> tuple[GenerationSummary, int]:
+    """Tells every phase of one generation; its summary and the episodes it asked for."""
+    episodes = 0
+    for _ in range(MAX_PHASES):
+        requests = algorithm.ask()
+        episodes += sum(r.episodes for r in requests)
+        summary = algorithm.tell(answers(requests, rng, failed(requests)))
+        if summary is not None:
+            return summary, episodes
+    raise AssertionError(f"no generation summary after {MAX_PHASES} phases")
+
+
+def fingerprint(algorithm: Algorithm) -> tuple[Any, ...]:
+    """Everything that decides what an algorithm does next, in comparable form."""
+    arrays = algorithm.arrays()
+    return (
+        algorithm.generation,
+        algorithm.phase,
+        algorithm.ask(),
+        json.dumps(algorithm.state_dict(), sort_keys=True),
+        None if arrays is None else (arrays.dtype.str, arrays.shape, arrays.tobytes()),
+    )
+
+
+def plain(value: Any) -> Any:
+    """A summary (or any part of it) as JSON text can hold it: NaN-safe, arrays by value."""
+    if isinstance(value, np.ndarray):
+        return [value.dtype.str, value.shape, value.tobytes().hex()]
+    if dataclasses.is_dataclass(value):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return repr(value) if isinstance(value, float) else value
+
+
+def restored(entry: registry.Entry, config: RunConfig, algorithm: Algorithm) -> Algorithm:
+    """The algorithm as a checkpoint would bring it back: state through JSON, arrays copied."""
+    document = json.loads(json.dumps(algorithm.state_dict(), allow_nan=False))
+    arrays = algorithm.arrays()
+    return entry.restore(config, document, None if arrays is None else arrays.copy())
+
+
+def common_names() -> set[str]:
+    """The names a metrics.jsonl line gives the figures every generation has."""
+    values = {f.name: [1] if "seeds" in f.name else 0
+              for f in dataclasses.fields(GenerationRecord) if f.name != "extra"}  # fmt: skip
+    return set(values) | set(json.loads(GenerationRecord(**values).to_json()))
+
+
+def test_ask_is_stable_until_tell_and_no_key_is_asked_twice(entry, config) -> None:
+    algorithm = entry.create(config)
+    rng = np.random.default_rng(0)
+    asked: set[str] = set()
+    for _ in range(6):
+        requests = algorithm.ask()
+        keys = [r.key for r in requests]
+        assert len(set(keys)) == len(keys) and not asked & set(keys)
+        assert all(r.episodes >= 1 for r in requests)
+        assert algorithm.ask() == requests and algorithm.ask() == requests  # keys, order, genomes
+        asked |= set(keys)
+        algorithm.tell(answers(requests, rng))
+
+
+@pytest.mark.parametrize("fault", ["unknown", "missing", "too few", "too many"])
+def test_tell_refuses_keys_it_did_not_ask_for_and_changes_nothing(entry, config, fault) -> None:
+    algorithm = entry.create(config)
+    rng = np.random.default_rng(1)
+    play_generation(algorithm, rng)  # some history first: an elite, a moved rng
+    for _ in range(MAX_PHASES):  # every phase of the next generation
+        requests = algorithm.ask()
+        good = answers(requests, rng)
+        named = requests[-1].key
+        bad = dict(good)
+        if fault == "unknown":
+            named = "no/such/key"
+            bad[named] = [1.0]
+        elif fault == "missing":
+            del bad[named]
+        elif fault == "too few":
+            bad[named] = good[named][:-1]
+        else:
+            bad[named] = [*good[named], 1.0]
+        before = fingerprint(algorithm)
+        with pytest.raises(ValueError, match=re.escape(named)):
+            algorithm.tell(bad)
+        assert fingerprint(algorithm) == before
+        if algorithm.tell(good) is not None:
+            return
+    raise AssertionError(f"no generation summary after {MAX_PHASES} phases")
+
+
+def test_state_round_trips_through_json_and_the_run_goes_on_identically(entry, config) -> None:
+    algorithm = entry.create(config)
+    rng = np.random.default_rng(2)
+    for _ in range(5):  # a few phases: a checkpoint may be taken in any of them
+        again = restored(entry, config, algorithm)
+        assert fingerprint(again) == fingerprint(algorithm)
+        returns = answers(algorithm.ask(), rng)
+        assert plain(again.tell(returns)) == plain(algorithm.tell(returns))
+        assert fingerprint(again) == fingerprint(algorithm)
+
+
+def test_a_summary_counts_what_was_asked_and_its_metrics_are_json(entry, config) -> None:
+    algorithm = entry.create(config)
+    rng = np.random.default_rng(3)
+    for generation in range(2):
+        summary, episodes = play_generation(algorithm, rng)
+        # The trainer checks this against the episodes the fleet played.
+        assert summary.evaluations == episodes
+        assert summary.generation == generation and algorithm.generation == generation + 1
+        assert summary.failed == 0 and len(summary.valid_scores) == len(summary.scores)
+        metrics = summary.metrics()
+        json.dumps(metrics)
+        assert all(isinstance(name, str) for name in metrics)
+        # metrics.jsonl writes them beside the common figures, which they must not overwrite.
+        assert not set(metrics) & common_names()
+
+
+def test_a_generation_where_every_evaluation_fails_is_survived(entry, config) -> None:
+    algorithm = entry.create(config)
+    rng = np.random.default_rng(4)
+    summary, _ = play_generation(algorithm, rng, lambda requests: [r.key for r in requests])
+    assert summary.failed == len(summary.scores) > 0
+    assert math.isnan(summary.score_mean) and math.isnan(summary.score_max)
+    assert math.isnan(summary.elite_score) and math.isnan(algorithm.elite_score)
+    json.dumps(algorithm.state_dict(), allow_nan=False)  # NaN is written as null
+    json.dumps(summary.metrics())
+    summary, _ = play_generation(algorithm, rng)
+    assert summary.failed == 0 and math.isfinite(summary.elite_score)
+
+
+def ga_never_selects_nan(entry: registry.Entry, config: RunConfig) -> None:
+    """A genome whose evaluation failed becomes neither an elite candidate nor a parent."""
+    algorithm = entry.create(config)
+    rng = np.random.default_rng(5)
+    play_generation(algorithm, rng)
+    offspring = algorithm.ask()
+    # Every other individual fails; the last, the carried elite, is re-evaluated anyway.
+    failed = {r.key for r in offspring[:-1][::2]}
+    failed_genomes = {r.genome for r in offspring if r.key in failed}
+    algorithm.tell(answers(offspring, rng, failed))
+    candidates = algorithm.ask()
+    assert not failed_genomes & {r.genome for r in candidates}
+    # The first candidate fails one re-evaluation episode and scores far above the rest in the
+    # others: a mean with a NaN in it is no mean, so it cannot become the elite.
+    returns = answers(candidates, rng)
+    returns[candidates[0].key] = [math.nan] + [1e9] * (candidates[0].episodes - 1)
+    summary = algorithm.tell(returns)
+    assert summary is not None and summary.elite != candidates[0].genome
+    assert math.isfinite(summary.elite_score)
+    failed_genomes.add(candidates[0].genome)
+    for request in algorithm.ask():
+        assert isinstance(request.genome, Genome)
+        parent = request.genome.seeds[:-1]
+        assert request.genome == summary.elite or Genome(parent) not in failed_genomes
+
+
+def es_never_selects_nan(entry: registry.Entry, config: RunConfig) -> None:
+    """A pair with a failed half adds nothing to the step, whatever its other half scored."""
+    algorithm = entry.create(config)
+    rng = np.random.default_rng(6)
+    play_generation(algorithm, rng)
+    twin = restored(entry, config, algorithm)
+    requests = algorithm.ask()
+    first = requests[0].genome
+    pair = [r.key for r in requests if r.genome.noise_index == first.noise_index and r.genome.sign]
+    assert len(pair) == 2
+    returns = answers(requests, rng, failed=pair[1:])
+    algorithm.tell({**returns, pair[0]: [1e9]})
+    twin.tell({**returns, pair[0]: [-1e9]})
+    theta = algorithm.parameters().theta
+    assert np.array_equal(theta, twin.parameters().theta) and np.isfinite(theta).all()
+    # With every pair failed there is no gradient at all: theta stays where it was.
+    before = theta.copy()
+    summary, _ = play_generation(algorithm, rng, lambda requests: [r.key for r in requests])
+    assert np.array_equal(algorithm.parameters().theta, before)
+    assert summary.metrics()["grad_norm"] == 0.0
+
+
+NEVER_SELECTS_NAN: dict[str, Callable[[registry.Entry, RunConfig], None]] = {
+    "ga": ga_never_selects_nan,
+    "es": es_never_selects_nan,
+}
+"""What "a failed evaluation is never selected" means for each algorithm."""
+
+
+def test_a_failed_evaluation_is_never_selected(entry, config) -> None:
+    check = NEVER_SELECTS_NAN.get(entry.name)
+    assert check is not None, f"say what never selecting NaN means for {entry.name!r} here"
+    check(entry, config)

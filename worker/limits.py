@@ -1,0 +1,72 @@
+"""What a worker accepts from a master: every size a task names, checked before allocating.
+
+The master may be buggy, or a different version. A task that cannot fit here fails cleanly:
+the worker reports it with an error naming the value and takes the next one.
+"""
+
+from __future__ import annotations
+
+from neuro.layout import (
+    ARCHITECTURES,
+    ATARI_SHAPE,
+    MAX_PARAMS,
+    check_parameter_count,
+    parameter_count,
+    parameter_layout,
+)
+from worker.evaluator import EvaluationSpec
+
+__all__ = [
+    "MAX_ENV_ID_LENGTH",
+    "MAX_EPISODES",
+    "MAX_EPISODE_STEPS",
+    "MAX_HIDDEN_LAYERS",
+    "MAX_HIDDEN_WIDTH",
+    "MAX_PARAMS",
+    "MAX_SEEDS",
+    "check_spec",
+    "minimum_parameter_count",
+]
+
+MAX_SEEDS = 100_000
+"""Seeds per genome. A genome grows one seed per generation; the paper's runs take a few
+thousand generations at most."""
+MAX_EPISODES = 10_000
+"""Episodes per task (the master splits re-evaluations into tasks of a few episodes)."""
+MAX_EPISODE_STEPS = 10_000_000
+"""Per-episode step cap a task may ask for (Atari's 108k frames are 27k steps); 0 means the
+env's own limit."""
+MAX_ENV_ID_LENGTH = 256
+"""As long as the master's own id limit."""
+MAX_HIDDEN_LAYERS = 64
+MAX_HIDDEN_WIDTH = 2**16
+
+
+def _check_range(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+
+
+def minimum_parameter_count(architecture: str, hidden_sizes: tuple[int, ...]) -> int:
+    """The fewest parameters the network can have, whatever the env (one input, one output)."""
+    shape = ATARI_SHAPE if architecture != "mlp" else (1,)
+    return parameter_count(parameter_layout(architecture, shape, 1, hidden_sizes))
+
+
+def check_spec(spec: EvaluationSpec) -> EvaluationSpec:
+    """`spec` itself if it fits this worker's limits; ValueError naming the value otherwise.
+
+    The network's exact size depends on the env's spaces, so build_policy checks it again
+    once the env is built; this catches what no env can make small.
+    """
+    _check_range("env id length", len(spec.env_id), 1, MAX_ENV_ID_LENGTH)
+    _check_range("episodes", spec.episodes, 1, MAX_EPISODES)
+    _check_range("max_episode_steps", spec.max_episode_steps, 0, MAX_EPISODE_STEPS)
+    _check_range("seeds per genome", len(spec.seeds), 0, MAX_SEEDS)
+    _check_range("number of hidden layers", len(spec.hidden_sizes), 0, MAX_HIDDEN_LAYERS)
+    for width in spec.hidden_sizes:
+        _check_range("hidden layer width", width, 1, MAX_HIDDEN_WIDTH)
+    if spec.architecture in ARCHITECTURES:  # an unknown one is named by build_policy
+        floor = minimum_parameter_count(spec.architecture, spec.hidden_sizes)
+        check_parameter_count(floor, spec.noise_table.size)
+    return spec
