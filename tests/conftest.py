@@ -1,4 +1,13 @@
-"""Shared fixtures: a per-session noise table cache, and real worker processes."""
+"""Shared fixtures: a per-session noise table cache, and real worker processes.
+
+The other shared pieces live in their own modules and are re-exported here:
+
+- tests/harness.py: `live_master`, THE way a test starts an in-process master on loopback
+  (always stopped, its training task cancelled, its channels closed).
+- tests/tiny.py: THE tiny CartPole settings: `tiny_cartpole()` / `TINY_GA` in process,
+  `TINY_CARTPOLE_ARGS` / `LOCAL_CARTPOLE_ARGS` for `python -m master`, `long_elite_tasks()`
+  for a run whose elite tasks last long enough to catch a worker mid-task.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +21,35 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.harness import LiveMaster, live_master
+from tests.tiny import (
+    CARTPOLE,
+    LOCAL_CARTPOLE_ARGS,
+    LONG_ELITE_TASKS,
+    TINY_CARTPOLE_ARGS,
+    TINY_GA,
+    long_elite_tasks,
+    tiny_cartpole,
+)
+
+__all__ = [
+    "CARTPOLE",
+    "LOCAL_CARTPOLE_ARGS",
+    "LONG_ELITE_TASKS",
+    "REPO",
+    "TINY_CARTPOLE_ARGS",
+    "TINY_GA",
+    "LiveMaster",
+    "aws_test_env",
+    "free_port",
+    "live_master",
+    "long_elite_tasks",
+    "spawn_worker",
+    "stop_processes",
+    "tiny_cartpole",
+    "worker_env",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,16 @@
-"""One harness for a live master on loopback: started with a config, always stopped."""
+"""THE harness for a live master in tests: on loopback, started with a config, always stopped.
+
+Every test that needs an in-process master serving gRPC uses `live_master` (re-exported by
+tests/conftest.py) rather than calling master.run.start.start_master itself:
+
+    async with live_master(tiny_cartpole(), tmp_path / "run") as live:
+        worker = spawn_worker(live.port, "w1")
+        records = await live.training
+
+`train=False` leaves training to the test: patch the trainer first, or capture its state,
+then `live.start_training()` (still cancelled on exit) or await `live.trainer.run()` directly.
+Tests of the full `run_master`/CLI path start that path themselves.
+"""
 
 from __future__ import annotations
 
@@ -41,6 +53,12 @@ class LiveMaster:
         """The trainer the master serves."""
         return self.master.trainer
 
+    def start_training(self) -> asyncio.Future:
+        """Starts the trainer's run (with train=False); cancelled on exit like the default one."""
+        assert self.training is None, "training already started"
+        self.training = asyncio.ensure_future(self.master.trainer.run())
+        return self.training
+
     def channel(
         self,
         options: Sequence[tuple[str, Any]] = (),
@@ -81,7 +99,7 @@ async def live_master(
                                 tls=tls)  # fmt: skip
     live = LiveMaster(master, Path(run_dir))
     if train:
-        live.training = asyncio.ensure_future(master.trainer.run())
+        live.start_training()
     try:
         yield live
     finally:

@@ -12,22 +12,20 @@ and in time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections import Counter
 from pathlib import Path
 
-import grpc
 import pytest
 
-from master.config import inspect_env_id, preset
 from master.run.rundir import read_metrics
-from master.run.start import start_master
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
 from neuro.wire import bearer_metadata
 from tests.conftest import spawn_worker, stop_processes
+from tests.harness import live_master
+from tests.tiny import tiny_cartpole
 
 pytestmark = pytest.mark.slow
 
@@ -85,34 +83,27 @@ async def adversary(stub: pb_grpc.EvolutionStub, run_id: str, training, tally: C
 
 
 async def _run(tmp_path: Path) -> tuple[list, Counter, list[int | None]]:
-    config = preset(inspect_env_id("CartPole-v1"), **CONFIG)
-    master = await start_master(config, tmp_path / "run", port=0, out=None, token=TOKEN)
-    training = asyncio.ensure_future(master.trainer.run())
-    env = {"NEURO_TOKEN": TOKEN}
-    workers = [spawn_worker(master.port, f"honest-{i}", env=env) for i in range(2)]
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{master.port}")
-    tally: Counter = Counter()
-    try:
-        stub = pb_grpc.EvolutionStub(channel)
-        attack = asyncio.ensure_future(adversary(stub, config.run_id, training, tally))
-        done, _ = await asyncio.wait([training, attack], timeout=RUN_S + 30,
-                                     return_when=asyncio.FIRST_EXCEPTION)  # fmt: skip
-        for task in done:
-            task.result()  # an adversary's call that failed, or the run, fails the test
-        records = await asyncio.wait_for(training, RUN_S)
-        await asyncio.wait_for(attack, CALL_S * 3)
-        # The master still serves: the honest workers hear that the run is over and leave.
-        deadline = time.monotonic() + 30
-        while any(w.poll() is None for w in workers) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return records, tally, [w.poll() for w in workers]
-    finally:
-        stop_processes(workers)
-        training.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await training
-        await channel.close()
-        await master.stop(0)
+    config = tiny_cartpole(**CONFIG)
+    async with live_master(config, tmp_path / "run", token=TOKEN) as live:
+        training = live.training
+        env = {"NEURO_TOKEN": TOKEN}
+        workers = [spawn_worker(live.port, f"honest-{i}", env=env) for i in range(2)]
+        tally: Counter = Counter()
+        try:
+            attack = asyncio.ensure_future(adversary(live.stub(), config.run_id, training, tally))
+            done, _ = await asyncio.wait([training, attack], timeout=RUN_S + 30,
+                                         return_when=asyncio.FIRST_EXCEPTION)  # fmt: skip
+            for task in done:
+                task.result()  # an adversary's call that failed, or the run, fails the test
+            records = await asyncio.wait_for(training, RUN_S)
+            await asyncio.wait_for(attack, CALL_S * 3)
+            # The master still serves: the honest workers hear that the run is over and leave.
+            deadline = time.monotonic() + 30
+            while any(w.poll() is None for w in workers) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return records, tally, [w.poll() for w in workers]
+        finally:
+            stop_processes(workers)
 
 
 def test_an_adversary_with_the_token_changes_no_result(tmp_path: Path, noise_cache: Path) -> None:

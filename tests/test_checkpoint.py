@@ -26,8 +26,9 @@ from master.run.checkpoint import (
     save_sidecar,
 )
 from master.run.rundir import read_elite_seeds, read_metrics
-from master.run.start import resume_config, start_master
+from master.run.start import resume_config
 from tests.conftest import spawn_worker, stop_processes
+from tests.harness import live_master
 
 
 def test_round_trip_and_the_previous_one_is_kept(tmp_path: Path) -> None:
@@ -82,32 +83,31 @@ def cartpole(**overrides):
 async def _stop_mid_elite_phase_then_resume(run_dir: Path) -> dict:
     """Runs until generation 1's elite phase is part done, stops, resumes, finishes."""
     config = cartpole()
-    first = await start_master(config, run_dir, port=0, out=None, checkpoint_seconds=3600)
-    training = asyncio.ensure_future(first.trainer.run())
-    worker = spawn_worker(first.port, "w1")
+    worker = None
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            ga, recorded = first.trainer.algorithm, first.trainer.fleet.recorded()
-            if ga.generation == 1 and ga.phase == "elite" and len(recorded) >= 3:
-                break
-            await asyncio.sleep(0.002)
-        training.cancel()  # what SIGTERM does in run_master
-        with pytest.raises(asyncio.CancelledError):
-            await training
-        complete_after_stop = first.trainer.fleet.run_complete
-        await first.stop(0)
+        # The master stops (leaving the live_master block) before its worker does.
+        async with live_master(config, run_dir, checkpoint_seconds=3600) as first:
+            worker = spawn_worker(first.port, "w1")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                ga, recorded = first.trainer.algorithm, first.trainer.fleet.recorded()
+                if ga.generation == 1 and ga.phase == "elite" and len(recorded) >= 3:
+                    break
+                await asyncio.sleep(0.002)
+            first.training.cancel()  # what SIGTERM does in run_master
+            with pytest.raises(asyncio.CancelledError):
+                await first.training
+            complete_after_stop = first.trainer.fleet.run_complete
     finally:
-        stop_processes([worker])
+        stop_processes([worker] if worker is not None else [])
     payload = load_checkpoint(run_dir)
     resumed_config = resume_config(payload)
-    second = await start_master(resumed_config, run_dir, port=0, out=None, resume=payload)
-    worker = spawn_worker(second.port, "w2")
-    try:
-        records = await asyncio.wait_for(second.trainer.run(), 120)
-    finally:
-        stop_processes([worker])
-        await second.stop(0)
+    async with live_master(resumed_config, run_dir, train=False, resume=payload) as second:
+        worker = spawn_worker(second.port, "w2")
+        try:
+            records = await asyncio.wait_for(second.trainer.run(), 120)
+        finally:
+            stop_processes([worker])
     return {"payload": payload, "records": records, "complete": complete_after_stop,
             "config": config, "resumed_config": resumed_config}  # fmt: skip
 
@@ -162,11 +162,10 @@ async def _resume_with_an_in_process_worker(
     Returns the resumed algorithm's state document (before any training) and the records.
     """
     payload = load_checkpoint(run_dir)
-    master = await start_master(config, run_dir, port=0, out=None, resume=payload)
-    trainer, fleet = master.trainer, master.trainer.fleet
-    state = trainer.algorithm.state_dict()
-    training = asyncio.ensure_future(trainer.run())
-    try:
+    async with live_master(config, run_dir, train=False, resume=payload) as live:
+        fleet = live.trainer.fleet
+        state = live.trainer.algorithm.state_dict()
+        training = live.start_training()
         deadline = time.monotonic() + 60
         while not training.done() and time.monotonic() < deadline:
             fleet.report_many("w", [
@@ -176,8 +175,6 @@ async def _resume_with_an_in_process_worker(
             ])  # fmt: skip
             await asyncio.sleep(0.001)
         records = await asyncio.wait_for(training, 1)
-    finally:
-        await master.stop(0)
     return state, records
 
 

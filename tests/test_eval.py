@@ -14,6 +14,7 @@ import pytest
 
 from neuro.noise import NoiseTableSpec
 from tests.conftest import REPO, worker_env
+from tests.tiny import LOCAL_CARTPOLE_ARGS
 from worker import evaluate_policy
 from worker.cli import eval_main
 from worker.video import Video
@@ -25,9 +26,8 @@ SUMMARY = re.compile(r"mean (\S+) std (\S+) min (\S+) max (\S+) over (\d+) episo
 def run_dir(tmp_path_factory: pytest.TempPathFactory, noise_cache: Path) -> Path:
     """A real short CartPole run: its best_genome.json is what neuro-eval replays."""
     run_dir = tmp_path_factory.mktemp("eval") / "run"
-    command = [sys.executable, "-m", "master", "--env", "CartPole-v1", "--local-workers", "1",
-               "--generations", "3", "--population", "10", "--elite-candidates", "2",
-               "--elite-episodes", "2", "--no-target", "--port", "0", "--quiet",
+    command = [sys.executable, "-m", "master", *LOCAL_CARTPOLE_ARGS,
+               "--generations", "3", "--population", "10", "--quiet",
                "--run-dir", str(run_dir)]  # fmt: skip
     done = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
                           timeout=120)  # fmt: skip

@@ -15,8 +15,8 @@ import pytest
 
 from master.config import inspect_env_id, preset
 from master.run.rundir import read_elite_seeds, read_metrics
-from master.run.start import start_master
 from tests.conftest import REPO, spawn_worker, stop_processes, worker_env
+from tests.harness import live_master
 
 pytestmark = pytest.mark.slow
 
@@ -79,29 +79,28 @@ async def _train_with_a_worker_killed(tmp_path: Path) -> tuple[list, list[int], 
         lease_seconds=2.0,
         seed=3,
     )
-    master = await start_master(config, tmp_path / "run", port=0, out=None)
-    # Slow the victim down so it holds leases long enough to be killed mid-generation.
-    workers = [spawn_worker(master.port, "victim", "--prefetch", "4"),
-               spawn_worker(master.port, "survivor")]  # fmt: skip
-    training = asyncio.ensure_future(master.trainer.run())
-    fleet = master.trainer.fleet
-    killed_holding = 0
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not training.done():
-            table = fleet._table
-            held = [t for t in (table._leased if table else ()) if table.holder(t) == "victim"]
-            if master.trainer.algorithm.generation == 1 and held:
-                killed_holding = len(held)
-                os.kill(workers[0].pid, signal.SIGKILL)
-                break
-            await asyncio.sleep(0.005)
-        records = await asyncio.wait_for(training, 120)
-        # The master must keep serving while the survivor learns that the run is complete.
-        return records, [await _exit_code(w, 30) for w in workers], killed_holding
-    finally:
-        stop_processes(workers)
-        await master.stop(0)
+    async with live_master(config, tmp_path / "run", train=False) as live:
+        # Slow the victim down so it holds leases long enough to be killed mid-generation.
+        workers = [spawn_worker(live.port, "victim", "--prefetch", "4"),
+                   spawn_worker(live.port, "survivor")]  # fmt: skip
+        training = live.start_training()
+        fleet = live.trainer.fleet
+        killed_holding = 0
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not training.done():
+                table = fleet._table
+                held = [t for t in (table._leased if table else ()) if table.holder(t) == "victim"]
+                if live.trainer.algorithm.generation == 1 and held:
+                    killed_holding = len(held)
+                    os.kill(workers[0].pid, signal.SIGKILL)
+                    break
+                await asyncio.sleep(0.005)
+            records = await asyncio.wait_for(training, 120)
+            # The master must keep serving while the survivor learns that the run is complete.
+            return records, [await _exit_code(w, 30) for w in workers], killed_holding
+        finally:
+            stop_processes(workers)
 
 
 async def _exit_code(process: subprocess.Popen, timeout: float) -> int | None:

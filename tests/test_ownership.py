@@ -18,13 +18,13 @@ import grpc
 import pytest
 
 from master.algorithms.ga import EvaluationRequest, Genome
-from master.config import inspect_env_id, preset
 from master.fleet.leases import Disposition
 from master.fleet.scheduler import Fleet, FleetSettings, PhaseOutcome, TaskOutcome, WorkerRoster
 from master.observe.status import format_status
-from master.run.start import start_master
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
+from tests.harness import live_master
+from tests.tiny import tiny_cartpole
 
 ACCEPTED = Disposition.ACCEPTED
 LEASE_S = 10.0
@@ -311,19 +311,8 @@ def with_master(
     """Runs scenario(stub, master, training) against a fresh master, bounded in time."""
 
     async def main() -> None:
-        config = preset(inspect_env_id("CartPole-v1"), **TINY)
-        master = await start_master(config, tmp_path / "run", out=None)
-        training = asyncio.ensure_future(master.trainer.run())
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{master.port}")
-        try:
-            stub = pb_grpc.EvolutionStub(channel)
-            await asyncio.wait_for(scenario(stub, master, training), 30)
-        finally:
-            training.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await training
-            await channel.close()
-            await master.stop(0)
+        async with live_master(tiny_cartpole(**TINY), tmp_path / "run") as live:
+            await asyncio.wait_for(scenario(live.stub(), live.master, live.training), 30)
 
     asyncio.run(main())
 

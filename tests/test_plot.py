@@ -14,15 +14,15 @@ from matplotlib.image import imread
 
 from master.observe.plot import OUTPUTS, load_run, main, throughput
 from tests.conftest import REPO, worker_env
+from tests.tiny import LOCAL_CARTPOLE_ARGS
 
 GENERATIONS = {"run-a": 3, "run-b": 4}
 
 
 def train(run_dir: Path, generations: int, seed: int) -> subprocess.Popen:
     """A real master with one local worker; a few seconds of CartPole."""
-    command = [sys.executable, "-m", "master", "--env", "CartPole-v1", "--local-workers", "1",
+    command = [sys.executable, "-m", "master", *LOCAL_CARTPOLE_ARGS,
                "--generations", str(generations), "--population", "10",
-               "--elite-candidates", "2", "--elite-episodes", "2", "--no-target", "--port", "0",
                "--quiet", "--seed", str(seed), "--run-dir", str(run_dir)]  # fmt: skip
     return subprocess.Popen(command, env=worker_env(), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip

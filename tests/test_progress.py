@@ -34,10 +34,10 @@ from master.observe.progress import (
 )
 from master.run.rundir import GenerationRecord, read_metrics
 from tests.conftest import REPO, worker_env
+from tests.tiny import LOCAL_CARTPOLE_ARGS
 
 MASTER = [sys.executable, "-c", "import sys; from master.cli import main; sys.exit(main())"]
-SMALL_RUN = ["--env", "CartPole-v1", "--local-workers", "1", "--port", "0", "--no-target",
-             "--seed", "1", "--elite-candidates", "2", "--elite-episodes", "2"]  # fmt: skip
+SMALL_RUN = [*LOCAL_CARTPOLE_ARGS, "--seed", "1"]
 EXTRA_FIELDS = {"evals_per_s", "frames_per_s", "workers", "eta_s"}
 
 

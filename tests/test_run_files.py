@@ -18,6 +18,7 @@ from master.observe.plot import load_run
 from master.run.rundir import GenerationRecord, RunDirectory, read_metrics
 from master.run.s3_mirror import RunDirMirror
 from tests.conftest import REPO, worker_env
+from tests.tiny import LOCAL_CARTPOLE_ARGS
 
 LINE_BOUND = 560
 """Bytes a GA metrics line may take at most, whatever the generation (rundir.GenerationRecord)."""
@@ -91,9 +92,8 @@ def test_an_elite_less_line_names_no_genome(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def ga_run(tmp_path_factory: pytest.TempPathFactory, noise_cache: Path) -> Path:
     run_dir = tmp_path_factory.mktemp("run-files") / "run"
-    command = [sys.executable, "-m", "master", "--env", "CartPole-v1", "--local-workers", "1",
-               "--generations", "4", "--population", "10", "--elite-candidates", "2",
-               "--elite-episodes", "2", "--no-target", "--port", "0", "--seed", "2",
+    command = [sys.executable, "-m", "master", *LOCAL_CARTPOLE_ARGS,
+               "--generations", "4", "--population", "10", "--seed", "2",
                "--run-dir", str(run_dir)]  # fmt: skip
     done = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
                           timeout=180)  # fmt: skip

@@ -33,6 +33,7 @@ from master.run.s3_mirror import (
 )
 from master.run.start import RunOptions, ServeOptions, run_master
 from tests.conftest import REPO, aws_test_env, free_port, worker_env
+from tests.tiny import LOCAL_CARTPOLE_ARGS
 
 RUN_FILES = ("config.json", "metrics.jsonl", "best_genome.json", "elite_genome.json",
              "checkpoint.json", "checkpoint.prev.json")  # fmt: skip
@@ -40,9 +41,7 @@ CONTRACT_STATUS = {"run_id", "env_id", "generation", "phase", "frames", "evaluat
                    "elite_score", "workers", "tasks_pending", "tasks_leased", "tasks_done",
                    "leases_reissued", "run_complete", "updated_at"}  # fmt: skip
 MASTER = [sys.executable, "-c", "import sys; from master.cli import main; sys.exit(main())"]
-SMALL_RUN = ["--env", "CartPole-v1", "--local-workers", "1", "--port", "0", "--population",
-             "20", "--elite-candidates", "2", "--elite-episodes", "2", "--no-target",
-             "--seed", "1"]  # fmt: skip
+SMALL_RUN = [*LOCAL_CARTPOLE_ARGS, "--population", "20", "--seed", "1"]
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,9 @@ from typing import NamedTuple
 
 import pytest
 
-from master.config import inspect_env_id, preset
-from master.run.start import start_master
 from tests.conftest import free_port, spawn_worker, stop_processes
+from tests.harness import LiveMaster, live_master
+from tests.tiny import long_elite_tasks
 from worker.cli import worker_main
 from worker.spot import (
     INSTANCE_ACTION_PATH,
@@ -303,11 +303,14 @@ def test_bad_spot_settings_are_refused_by_name(
 async def _spot_notice_mid_task(tmp_path: Path, imds: FakeIMDS) -> dict:
     # Elite tasks of 300 CartPole episodes each: long enough to be caught mid-task. A 600 s
     # lease means only a hand-back can free a task within the test.
-    config = preset(inspect_env_id("CartPole-v1"), population_size=4, truncation=2,
-                    elite_candidates=2, elite_episodes=300, episodes_per_task=300, generations=1,
-                    target_score=None, lease_seconds=600.0)  # fmt: skip
-    master = await start_master(config, tmp_path / "run", port=0, out=None)
-    fleet = master.trainer.fleet
+    config = long_elite_tasks(lease_seconds=600.0)
+    async with live_master(config, tmp_path / "run", train=False) as live:
+        return await _drain_on_a_notice(live, imds, tmp_path)
+
+
+async def _drain_on_a_notice(live: LiveMaster, imds: FakeIMDS, tmp_path: Path) -> dict:
+    # The release is recorded from the start: patched before training begins.
+    fleet = live.trainer.fleet
     released: list[tuple[str, int]] = []
     release = fleet.release
 
@@ -317,11 +320,11 @@ async def _spot_notice_mid_task(tmp_path: Path, imds: FakeIMDS) -> dict:
         return count
 
     fleet.release = recording_release
-    training = asyncio.ensure_future(master.trainer.run())
+    training = live.start_training()
     log_path = tmp_path / "worker-a.log"
     spot = ["--spot-notice", "imds", "--spot-poll-seconds", "0.2"]
     with log_path.open("w") as log_file:
-        first = spawn_worker(master.port, "spot-a", *spot, stderr=log_file,
+        first = spawn_worker(live.port, "spot-a", *spot, stderr=log_file,
                              env={"AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint})  # fmt: skip
     second = None
     try:
@@ -346,14 +349,13 @@ async def _spot_notice_mid_task(tmp_path: Path, imds: FakeIMDS) -> dict:
             await asyncio.sleep(0.02)
         drain_s = time.monotonic() - flipped
         after = fleet.counters()
-        second = spawn_worker(master.port, "spot-b")
+        second = spawn_worker(live.port, "spot-b")
         records = await asyncio.wait_for(training, 120)
         return dict(exit_code=first.poll(), drain_s=drain_s, when=when, released=released,
                     polls_before=polls_before, held_before=held_before, after=after,
                     records=records, log=log_path.read_text())  # fmt: skip
     finally:
         stop_processes([p for p in (first, second) if p is not None])
-        await master.stop(0)
 
 
 @pytest.mark.slow

@@ -23,11 +23,10 @@ from master.observe.tensorboard import (
 from master.run.rundir import GenerationRecord, RunDirectory, read_metrics
 from master.run.trainer import Budget, Trainer
 from tests.conftest import REPO, worker_env
+from tests.tiny import LOCAL_CARTPOLE_ARGS
 
 MASTER = [sys.executable, "-c", "import sys; from master.cli import main; sys.exit(main())"]
-SMALL_RUN = ["--env", "CartPole-v1", "--local-workers", "1", "--port", "0", "--no-target",
-             "--seed", "2", "--population", "10", "--elite-candidates", "2",
-             "--elite-episodes", "2", "--quiet"]  # fmt: skip
+SMALL_RUN = [*LOCAL_CARTPOLE_ARGS, "--seed", "2", "--population", "10", "--quiet"]
 # Each tag and the metrics.jsonl field it plots.
 BY_GENERATION = {"score/mean": "score_mean", "score/max": "score_max",
                  "score/elite": "elite_score", "frames": "frames",

@@ -11,26 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from master.config import inspect_env_id, preset
-from master.run.start import start_master
 from tests.conftest import free_port, spawn_worker, stop_processes
+from tests.harness import live_master
+from tests.tiny import long_elite_tasks, tiny_cartpole
 
 pytestmark = pytest.mark.slow
-
-
-def long_task_config(**overrides):
-    """Elite tasks of 300 CartPole episodes each: long enough to be caught mid-task."""
-    settings = dict(
-        population_size=4,
-        truncation=2,
-        elite_candidates=2,
-        elite_episodes=300,
-        episodes_per_task=300,
-        generations=1,
-        target_score=None,
-        lease_seconds=60.0,
-    )
-    return preset(inspect_env_id("CartPole-v1"), **{**settings, **overrides})
 
 
 async def wait_for(predicate, timeout: float, what: str) -> None:
@@ -42,36 +27,34 @@ async def wait_for(predicate, timeout: float, what: str) -> None:
 
 
 async def _sigterm_mid_task(tmp_path: Path) -> dict:
-    master = await start_master(long_task_config(), tmp_path / "run", port=0, out=None)
-    fleet = master.trainer.fleet
-    training = asyncio.ensure_future(master.trainer.run())
-    first = spawn_worker(master.port, "first")
-    second = None
-    try:
+    async with live_master(long_elite_tasks(lease_seconds=60.0), tmp_path / "run") as live:
+        fleet = live.trainer.fleet
+        first = spawn_worker(live.port, "first")
+        second = None
+        try:
 
-        def first_holds_elite_tasks() -> bool:
-            table = fleet._table
-            return bool(table) and any(
-                "/e/" in t and table.holder(t) == "first" for t in table._leased
-            )
+            def first_holds_elite_tasks() -> bool:
+                table = fleet._table
+                return bool(table) and any(
+                    "/e/" in t and table.holder(t) == "first" for t in table._leased
+                )
 
-        await wait_for(first_holds_elite_tasks, 60, "the worker to lease an elite task")
-        await asyncio.sleep(0.3)  # well inside a 300-episode task
-        held_before = fleet.counters().leased
-        first.send_signal(signal.SIGTERM)
-        await wait_for(lambda: first.poll() is not None, 15, "the worker to exit")
-        after = fleet.counters()
-        second = spawn_worker(master.port, "second")
-        records = await asyncio.wait_for(training, 120)
-        return {
-            "exit_code": first.returncode,
-            "held_before": held_before,
-            "after": after,
-            "records": records,
-        }
-    finally:
-        stop_processes([p for p in (first, second) if p is not None])
-        await master.stop(0)
+            await wait_for(first_holds_elite_tasks, 60, "the worker to lease an elite task")
+            await asyncio.sleep(0.3)  # well inside a 300-episode task
+            held_before = fleet.counters().leased
+            first.send_signal(signal.SIGTERM)
+            await wait_for(lambda: first.poll() is not None, 15, "the worker to exit")
+            after = fleet.counters()
+            second = spawn_worker(live.port, "second")
+            records = await asyncio.wait_for(live.training, 120)
+            return {
+                "exit_code": first.returncode,
+                "held_before": held_before,
+                "after": after,
+                "records": records,
+            }
+        finally:
+            stop_processes([p for p in (first, second) if p is not None])
 
 
 def test_sigterm_hands_tasks_back_and_exits(tmp_path: Path, noise_cache: Path) -> None:
@@ -92,24 +75,13 @@ async def _master_comes_up_late(tmp_path: Path) -> tuple[int, int | None]:
     try:
         await asyncio.sleep(2.0)  # the worker retries with backoff meanwhile
         assert worker.poll() is None, "the worker gave up on a master that was away"
-        config = preset(
-            inspect_env_id("CartPole-v1"),
-            population_size=6,
-            truncation=2,
-            elite_candidates=2,
-            elite_episodes=2,
-            generations=2,
-            target_score=None,
-        )
-        master = await start_master(config, tmp_path / "run", port=port, out=None)
-        try:
-            records = await asyncio.wait_for(master.trainer.run(), 120)
+        config = tiny_cartpole(target_score=None)
+        async with live_master(config, tmp_path / "run", train=False, port=port) as live:
+            records = await asyncio.wait_for(live.trainer.run(), 120)
             deadline = time.monotonic() + 30
             while worker.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             return len(records), worker.poll()
-        finally:
-            await master.stop(0)
     finally:
         stop_processes([worker])
 

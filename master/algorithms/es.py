@@ -25,9 +25,9 @@ from master.algorithms.base import (
     check_format,
     check_returns,
 )
+from neuro.genome import SEED_BOUND
 from neuro.noise import noise_offset
 
-NOISE_INDEX_BOUND = 2**32
 THETA = "theta"
 STATE_FORMAT = "neuro.es/1"
 
@@ -335,4 +335,5 @@ class EvolutionStrategy(Algorithm):
 
     def _draw_indices(self) -> list[int]:
         size = self.config.pairs
-        return self._rng.integers(NOISE_INDEX_BOUND, size=size, dtype=np.uint64).tolist()
+        # A noise index selects a table slice exactly as a genome seed does, so the same bound.
+        return self._rng.integers(SEED_BOUND, size=size, dtype=np.uint64).tolist()
