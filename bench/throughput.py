@@ -1,13 +1,19 @@
-"""Atari throughput, measured in one run on the same cores.
+"""Atari throughput and core-hours per billion frames, measured as a fleet host runs.
 
-(a) emulator-only frames/s per core (Frostbite, the paper's preprocessing, random actions);
-(b) end-to-end training frames/s per core through a real master and real worker processes
-    (Frostbite, default GA settings except a small population, the paper's network);
-(c) the ratio b/a;
-(d) where a worker's time goes: env step, policy forward, genome decode, waiting on the master;
-plus the per-layer cost of one forward pass, the floor the network sets.
+In one run, on the same cores (W = --workers, one pinned process per core):
+  ceiling   the C++ vector env stepping Frostbite with random actions, W processes at once
+            (the gymnasium path measured the same way, for reference);
+  training  a real master here and W real worker processes, the paper's network; offspring-
+            and elite-phase frames/s timed from the master's fleet, and the paper's mix
+            (N=1000 x 1 episode + 10 candidates x 30 episodes) computed from the two;
+  forward   a batch-1 forward pass with one weight set (cache-warm, idle) and cycling more
+            distinct weight sets than the L3 holds (loaded), per inference dtype;
+  floor     emulator ms per step + max(bytes / bandwidth, FLOPs / peak), both measured here;
+  cost      core-hours (and dollars at --price) per 1B frames, idle and loaded.
 
     python bench/throughput.py --json bench/results/throughput.json
+    python bench/throughput.py --inference-dtype float32 bfloat16 \
+        --worker-arg=--atari-engine --worker-arg=vector --json bench/results/throughput.json
 """
 
 from __future__ import annotations
@@ -15,107 +21,43 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
-import multiprocessing as mp
+import math
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.hostcost import (  # noqa: E402  (after the path insert, so the script runs as a file)
+    bandwidth_and_peak,
+    cpu_model,
+    dtype_support,
+    emulator,
+    forward_costs,
+    in_child,
+    l3_cache,
+    pin_to,
+)
 
-def pin_to(core: int) -> None:
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {core % os.cpu_count()})
-
-
-def _emulator_child(env_id: str, seconds: float, queue: mp.Queue) -> None:
-    pin_to(0)
-    import numpy as np
-
-    from neuro.envs.make import make_env
-
-    handle = make_env(env_id)
-    rng = np.random.default_rng(0)
-    n_actions = handle.env.action_space.n
-    handle.env.reset(seed=0)
-    steps = frames_done = 0
-    episode_steps = 0
-    started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        _, _, terminated, truncated, _ = handle.env.step(int(rng.integers(n_actions)))
-        steps += 1
-        episode_steps += 1
-        if terminated or truncated:
-            frames_done += handle.frames_used(episode_steps)
-            episode_steps = 0
-            handle.env.reset()
-    frames_done += handle.frames_used(episode_steps)
-    wall = time.perf_counter() - started
-    queue.put({"frames": frames_done, "steps": steps, "wall_s": wall,
-               "frames_per_s": frames_done / wall, "ms_per_step": wall / steps * 1e3})  # fmt: skip
-
-
-def emulator_only(env_id: str, seconds: float) -> dict:
-    """(a): one process on one core stepping the env with random actions."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_emulator_child, args=(env_id, seconds, queue))
-    child.start()
-    result = queue.get(timeout=seconds + 120)
-    child.join()
-    return result
-
-
-def forward_layers(architecture: str, repeats: int = 200) -> dict:
-    """Per-layer cost of one batch-1 forward pass on one thread: the floor of a step."""
-    import gymnasium as gym
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-
-    from worker.policies import build_policy
-
-    torch.set_num_threads(1)
-    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    policy = build_policy(architecture, space, gym.spaces.Discrete(18))
-    module = policy.module
-    x = torch.from_numpy(np.random.default_rng(0).integers(0, 255, (1, 4, 84, 84), dtype=np.uint8))
-    timings = {name: 0.0 for name in ("conv1", "conv2", "conv3", "fc", "out")}
-    with torch.inference_mode():
-        for repeat in range(repeats + 20):
-            h = x.to(torch.float32) / 255.0
-            for name, conv, pad in zip(("conv1", "conv2", "conv3"),
-                                       (module.conv1, module.conv2, module.conv3),
-                                       module.pads, strict=True):  # fmt: skip
-                t = time.perf_counter()
-                h = F.relu(conv(F.pad(h, pad) if any(pad) else h))
-                if repeat >= 20:
-                    timings[name] += time.perf_counter() - t
-            t = time.perf_counter()
-            h = F.relu(module.fc(h.flatten(1)))
-            t2 = time.perf_counter()
-            module.out(h)
-            if repeat >= 20:
-                timings["fc"] += t2 - t
-                timings["out"] += time.perf_counter() - t2
-    per_layer = {k: v / repeats * 1e3 for k, v in timings.items()}
-    batch = {}
-    for size in (1, 8):
-        obs = np.random.default_rng(1).integers(0, 255, (size, 4, 84, 84), dtype=np.uint8)
-        for _ in range(10):
-            policy.act_batch(obs)
-        t = time.perf_counter()
-        for _ in range(repeats // 4):
-            policy.act_batch(obs)
-        elapsed = time.perf_counter() - t
-        batch[f"batch{size}_ms_per_sample"] = elapsed / (repeats // 4) / size * 1e3
-    return {"params": policy.num_params, "layer_ms": per_layer,
-            "forward_ms": sum(per_layer.values()), **batch}  # fmt: skip
+# The paper's generation: N offspring of one episode each, then C elite candidates x E episodes.
+PAPER_OFFSPRING = 1000
+PAPER_ELITE_CANDIDATES = 10
+PAPER_ELITE_EPISODES = 30
+# Reference points for 1B frames (../shared/reference/deep-ga.md).
+SEED_000_CORE_HOURS = 900.0
+PAPER_CORE_HOURS = 720.0
+# No Spot price is recorded in the project's reference notes, so the default is an assumption,
+# labelled as one in the output; pass --price with the region's current figure.
+ASSUMED_PRICE_PER_VCPU_HOUR = 0.02
+FRAMES_PER_STEP = 4
 
 
 def memory(pid: int) -> dict[str, float]:
@@ -129,14 +71,8 @@ def memory(pid: int) -> dict[str, float]:
     return figures
 
 
-def in_child(fn, *args):
-    """Runs fn in a fresh process, so this one (the master's) never imports torch."""
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(1) as pool:
-        return pool.apply(fn, args)
-
-
 def read_stats(stats_dir: Path) -> list[dict]:
+    """Every worker's latest stats file."""
     stats = []
     for path in sorted(stats_dir.glob("worker-*.json")):
         with contextlib.suppress(OSError, json.JSONDecodeError):  # mid-replace: skip it
@@ -144,39 +80,75 @@ def read_stats(stats_dir: Path) -> list[dict]:
     return stats
 
 
-async def end_to_end(args: argparse.Namespace, run_dir: Path, stats_dir: Path) -> dict:
-    """(b): a real master here, W real worker processes, each pinned to its own core."""
-    import subprocess
+def master_overrides(args: argparse.Namespace, dtype: str) -> dict[str, Any]:
+    """Run settings: the bench's own, then --master-arg flags parsed by the master's parser."""
+    from master.cli import build_parser
+    from master.config import GAConfig, RunConfig
 
-    from master.config import inspect_env_id, preset
-    from master.run.start import start_master
-
-    overrides = {"population_size": args.population, "truncation": min(20, args.population),
-                 "noise_table_size": args.noise_table_size, "architecture": args.policy,
-                 "generations": args.generations, "seed": 0}  # fmt: skip
+    overrides: dict[str, Any] = {
+        "population_size": args.population, "truncation": min(20, args.population),
+        "noise_table_size": args.noise_table_size, "architecture": args.policy,
+        "generations": args.generations, "seed": 0,
+    }  # fmt: skip
     if args.elite_episodes:  # only the tiny test run shrinks the paper's 10 x 30
         overrides |= {"elite_candidates": 1, "elite_episodes": args.elite_episodes}
     if args.max_episode_steps:
         overrides["max_episode_steps"] = args.max_episode_steps
-    config = preset(inspect_env_id(args.env), **overrides)
+    fields = {f.name for f in dataclasses.fields(RunConfig)} | {
+        f.name for f in dataclasses.fields(GAConfig)
+    }
+    if dtype != "float32" or "inference_dtype" in fields:
+        if "inference_dtype" not in fields:
+            raise SystemExit(f"--inference-dtype {dtype}: this master has no inference_dtype")
+        overrides["inference_dtype"] = dtype
+    parsed = vars(build_parser().parse_args(["--env", args.env, *args.master_arg]))
+    overrides |= {k: v for k, v in parsed.items() if k in fields and v is not None}
+    return overrides
+
+
+async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_dir: Path) -> dict:
+    """A real master here, W real worker processes, each pinned to its own core."""
+    from master.config import inspect_env_id, preset
+    from master.run.start import start_master
+
+    config = preset(inspect_env_id(args.env), **master_overrides(args, dtype))
     master = await start_master(config, run_dir, port=0, out=None)
-    fleet = master.trainer.fleet
-    training = asyncio.ensure_future(master.trainer.run())
+    trainer, fleet = master.trainer, master.trainer.fleet
+    phases: list[dict] = []
+    first_lease: list[float] = []
+    evaluate = fleet.evaluate
+
+    async def timed_evaluate(*a: Any, **k: Any) -> Any:
+        # Wraps the master's fleet: each call is one phase, so its frames and wall time are
+        # the master's own, including the phase's tail when some workers are already idle.
+        algorithm, start = trainer.algorithm, time.monotonic()
+        phase, generation = algorithm.phase, algorithm.generation
+        outcome = await evaluate(*a, **k)
+        if not phases and first_lease:  # worker start-up (imports, noise table) is no phase
+            start = max(start, first_lease[0])
+        wall = time.monotonic() - start
+        phases.append({"phase": phase, "generation": generation, "frames": outcome.frames,
+                       "episodes": outcome.episodes, "wall_s": wall})  # fmt: skip
+        return outcome
+
+    fleet.evaluate = timed_evaluate
+    training = asyncio.ensure_future(trainer.run())
     workers = []
     for index in range(args.workers):
         command = [sys.executable, "-m", "worker", "--master", f"127.0.0.1:{master.port}",
                    "--slots", str(args.slots), "--worker-id", f"bench-{index}",
-                   "--stats-file", str(stats_dir / f"worker-{index}.json")]  # fmt: skip
+                   "--stats-file", str(stats_dir / f"worker-{index}.json"),
+                   *args.worker_arg]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
         workers.append(subprocess.Popen(command, env=env, cwd=REPO,
                                         preexec_fn=lambda i=index: pin_to(i)))  # fmt: skip
     try:
-        # The clock starts at the first lease: worker start-up (imports, building the noise
-        # table) is not training throughput. It stops when the last generation ends, so the
-        # offspring and elite phases are in their real proportions.
         deadline = time.monotonic() + args.timeout
         while fleet.counters().leased == 0 and time.monotonic() < deadline:
+            if training.done():
+                training.result()  # raises what stopped the master
             await asyncio.sleep(0.01)
+        first_lease.append(time.monotonic())
         t0, cpu0 = time.monotonic(), time.process_time()
         before = {s["worker_id"]: s for s in read_stats(stats_dir)}
         await asyncio.wait_for(training, max(1.0, deadline - time.monotonic()))
@@ -197,90 +169,260 @@ async def end_to_end(args: argparse.Namespace, run_dir: Path, stats_dir: Path) -
     for stats in read_stats(stats_dir):
         start = before.get(stats["worker_id"], zero)
         deltas.append({k: stats[k] - start.get(k, 0) for k in zero})
-    frames = master.trainer.frames
-    records = master.trainer.records
+    records = trainer.records
+    per_phase = phase_rates(phases, args.workers)
+    parts = breakdown(deltas, wall)
     return {
+        "inference_dtype": config_value(config, "inference_dtype", "float32"),
+        "worker_args": list(args.worker_arg),
         "wall_s": wall,
         "workers": args.workers,
         "generations": len(records),
-        "frames": frames,
-        "evaluations": master.trainer.evaluations,
-        "frames_per_s": frames / wall,
-        "frames_per_s_per_core": frames / wall / args.workers,
+        "frames": trainer.frames,
+        "evaluations": trainer.evaluations,
+        "frames_per_s_per_core": trainer.frames / wall / args.workers,
+        "phases": per_phase,
+        "phase_log": phases,
+        "elite_samples_per_forward": elite_batching(per_phase, parts),
         "master_cpu_share": master_cpu / wall,
         "elite_score": records[-1].elite_score if records else None,
         "memory_mib": memory_mib,
-        "breakdown": breakdown(deltas, wall),
+        "breakdown": parts,
     }
 
 
+def config_value(config: Any, name: str, default: Any) -> Any:
+    """A RunConfig setting, or its default where this master has no such field."""
+    return getattr(config, name, default)
+
+
+def phase_rates(phases: list[dict], workers: int) -> dict[str, dict]:
+    """Frames, wall time, frames/s per core and mean episode length, per phase kind."""
+    rates = {}
+    for kind in sorted({p["phase"] for p in phases}):
+        mine = [p for p in phases if p["phase"] == kind]
+        frames, episodes = sum(p["frames"] for p in mine), sum(p["episodes"] for p in mine)
+        wall = sum(p["wall_s"] for p in mine)
+        per_core = frames / wall / workers if wall > 0 else 0.0
+        rates[kind] = {
+            "phases": len(mine), "frames": frames, "episodes": episodes, "wall_s": wall,
+            "frames_per_s_per_core": per_core,
+            "ms_per_step_per_core": FRAMES_PER_STEP / per_core * 1e3 if per_core else None,
+            "mean_episode_steps": frames / FRAMES_PER_STEP / episodes if episodes else None,
+        }  # fmt: skip
+    return rates
+
+
+def elite_batching(phases: dict[str, dict], parts: dict) -> float:
+    """Samples per forward in the elite phase: offspring steps each take one forward pass."""
+    offspring = phases.get("offspring", {}).get("frames", 0) / FRAMES_PER_STEP
+    elite = phases.get("elite", {}).get("frames", 0) / FRAMES_PER_STEP
+    elite_forwards = parts["forward_calls"] - offspring
+    return elite / elite_forwards if elite > 0 and elite_forwards > 0 else 1.0
+
+
 def breakdown(deltas: list[dict], wall: float) -> dict:
-    """(d): per agent step, all workers together, over the measured generations."""
+    """Per agent step, all workers together, over the measured generations."""
     steps = sum(d["steps"] for d in deltas) or 1
     wall = wall * len(deltas) or 1.0
     parts = {k: sum(d[f"{k}_s"] for d in deltas) for k in ("env", "forward", "decode", "wait")}
     parts["other"] = max(0.0, wall - sum(parts.values()))
+    forward_calls = sum(d["forward_calls"] for d in deltas)
     return {
         "agent_steps": steps,
+        "forward_calls": forward_calls,
         "ms_per_step": {k: v / steps * 1e3 for k, v in parts.items()},
         "share": {k: v / wall for k, v in parts.items()},
-        "samples_per_forward": steps / max(1, sum(d["forward_calls"] for d in deltas)),
+        "samples_per_forward": steps / max(1, forward_calls),
         "episodes": sum(d["episodes"] for d in deltas),
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
+def paper_mix(phases: dict[str, dict], forward: dict | None, elite_batch: float) -> dict | None:
+    """The paper's generation from the two phase rates, idle and with the loaded forward.
+
+    Frame shares use the measured mean episode length of each phase:
+      F_o = 1000 x L_o x 4,  F_e = 10 x 30 x L_e x 4,  s = F / (F_o + F_e)
+      r_mix = 1 / (s_o / r_o + s_e / r_e)   (time adds, so rates combine harmonically)
+    Loaded: each phase's step time t = 4 / r (per core) grows by the forward slowdown
+      t' = t + (loaded_ms - idle_ms) / samples per forward  (1 for offspring, measured for elite)
+    """
+    offspring, elite = phases.get("offspring"), phases.get("elite")
+    if not offspring or not elite or not offspring["mean_episode_steps"]:
+        return None
+    if not elite["mean_episode_steps"] or not elite["frames_per_s_per_core"]:
+        return None
+    f_o = PAPER_OFFSPRING * offspring["mean_episode_steps"] * FRAMES_PER_STEP
+    elite_episodes = PAPER_ELITE_CANDIDATES * PAPER_ELITE_EPISODES
+    f_e = elite_episodes * elite["mean_episode_steps"] * FRAMES_PER_STEP
+    s_o, s_e = f_o / (f_o + f_e), f_e / (f_o + f_e)
+    r_o, r_e = offspring["frames_per_s_per_core"], elite["frames_per_s_per_core"]
+    idle = 1 / (s_o / r_o + s_e / r_e)
+    result = {
+        "offspring_episode_steps": offspring["mean_episode_steps"],
+        "elite_episode_steps": elite["mean_episode_steps"],
+        "offspring_frame_share": s_o,
+        "elite_frame_share": s_e,
+        "frames_per_generation": f_o + f_e,
+        "idle_frames_per_s_per_core": idle,
+        "idle_ms_per_step": FRAMES_PER_STEP / idle * 1e3,
+    }
+    if forward is not None:
+        # A loaded pass measured faster than an idle one is noise: the model adds nothing then.
+        extra = max(0.0, forward["loaded_ms"] - forward["idle_ms"])
+        t_o = FRAMES_PER_STEP / r_o * 1e3 + extra
+        t_e = FRAMES_PER_STEP / r_e * 1e3 + extra / elite_batch
+        r_o2, r_e2 = FRAMES_PER_STEP / t_o * 1e3, FRAMES_PER_STEP / t_e * 1e3
+        loaded = 1 / (s_o / r_o2 + s_e / r_e2)
+        result |= {"forward_extra_ms": extra, "elite_samples_per_forward": elite_batch,
+                   "forward_measured_extra_ms": forward["loaded_ms"] - forward["idle_ms"],
+                   "loaded_frames_per_s_per_core": loaded,
+                   "loaded_ms_per_step": FRAMES_PER_STEP / loaded * 1e3}  # fmt: skip
+    return result
+
+
+def core_hours(mix: dict | None, price: float) -> dict | None:
+    """Core-hours and dollars per 1B frames, idle and loaded, next to the reference runs."""
+    if mix is None:
+        return None
+    result: dict[str, Any] = {}
+    for mode in ("idle", "loaded"):
+        rate = mix.get(f"{mode}_frames_per_s_per_core")
+        if rate:
+            hours = 1e9 / rate / 3600
+            result[mode] = {"frames_per_s_per_core": rate, "core_hours_per_1b_frames": hours,
+                            "usd_per_1b_frames": hours * price}  # fmt: skip
+    result["vs_seed_000"] = {m: v["core_hours_per_1b_frames"] / SEED_000_CORE_HOURS
+                             for m, v in result.items() if isinstance(v, dict)}  # fmt: skip
+    result["vs_paper"] = {m: v["core_hours_per_1b_frames"] / PAPER_CORE_HOURS
+                          for m, v in result.items() if m in ("idle", "loaded")}  # fmt: skip
+    return result
+
+
+def floor(ceiling: dict, host: dict, forward: dict, training: dict) -> dict:
+    """Emulator ms per step (C++) + max(bytes / bandwidth, FLOPs / peak), vs the measured step."""
+    dtype = forward["dtype"]
+    peak = host["peak_flop_per_s"].get(dtype) or host["peak_flop_per_s"].get("float32")
+    memory_ms = forward["bytes_per_forward"] / host["bytes_per_s"] * 1e3
+    compute_ms = forward["flops_per_forward"] / peak * 1e3 if peak else 0.0
+    forward_floor = max(memory_ms, compute_ms)
+    step_floor = ceiling["ms_per_env_step"] + forward_floor
+    offspring = training["phases"].get("offspring", {}).get("ms_per_step_per_core")
+    return {
+        "emulator_ms_per_step": ceiling["ms_per_env_step"],
+        "forward_memory_ms": memory_ms,
+        "forward_compute_ms": compute_ms,
+        "forward_floor_ms": forward_floor,
+        "forward_bound": "memory" if memory_ms >= compute_ms else "compute",
+        "step_floor_ms": step_floor,
+        "offspring_measured_ms_per_step": offspring,
+        "floor_over_offspring_measured": step_floor / offspring if offspring else None,
+        "idle_forward_over_floor": forward["idle_ms"] / forward_floor,
+        "loaded_forward_over_floor": forward["loaded_ms"] / forward_floor,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The bench's options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="Frostbite-v4")
     parser.add_argument("--generations", type=int, default=1, help="generations to measure")
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--emulator-seconds", type=float, default=20.0)
-    parser.add_argument("--population", type=int, default=20)
+    parser.add_argument("--vector-envs", type=int, default=1,
+                        help="num_envs of each ceiling process's vector env")  # fmt: skip
+    parser.add_argument("--population", type=int, default=40)
     parser.add_argument("--policy", default="deepga", choices=("deepga", "nature"))
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--noise-table-size", type=int, default=2**26)
+    parser.add_argument("--inference-dtype", nargs="+", default=["float32"],
+                        help="one training run and one forward benchmark per dtype")  # fmt: skip
+    parser.add_argument("--worker-arg", action="append", default=[],
+                        help="extra argument for every worker process (repeatable), "
+                        "e.g. --worker-arg=--atari-engine --worker-arg=vector")  # fmt: skip
+    parser.add_argument("--master-arg", action="append", default=[],
+                        help="extra neuro-master flag (repeatable)")  # fmt: skip
+    parser.add_argument("--loaded-sets", type=int, default=8,
+                        help="distinct weight sets cycled (raised to cover 4x the L3)")  # fmt: skip
+    parser.add_argument("--forward-repeats", type=int, default=200)
+    parser.add_argument("--bandwidth-mb", type=int, default=512)
+    parser.add_argument("--matrix", type=int, default=2048, help="torch.mm size for peak")
+    parser.add_argument("--price", type=float, default=None,
+                        help=f"USD per vCPU-hour (default {ASSUMED_PRICE_PER_VCPU_HOUR}, "
+                        "an assumption)")  # fmt: skip
+    parser.add_argument("--skip-gym", action="store_true", help="no gymnasium reference")
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--elite-episodes", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--max-episode-steps", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    emulator = emulator_only(args.env, args.emulator_seconds)
-    print(f"(a) emulator only: {emulator['frames_per_s']:,.0f} frames/s per core "
-          f"({emulator['ms_per_step']:.3f} ms per 4-frame step)")  # fmt: skip
-    layers = {arch: in_child(forward_layers, arch) for arch in ("deepga", "nature")}
-    for arch, figures in layers.items():
-        cells = ", ".join(f"{k} {v:.3f}" for k, v in figures["layer_ms"].items())
-        print(f"    forward {arch} ({figures['params']:,} params), ms: {cells}; "
-              f"batch 8 same weights {figures['batch8_ms_per_sample']:.3f} ms/sample")  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        training = asyncio.run(end_to_end(args, Path(tmp) / "run", Path(tmp)))
-    ratio = training["frames_per_s_per_core"] / emulator["frames_per_s"]
-    print(
-        f"(b) training: {training['frames_per_s_per_core']:,.0f} frames/s per core "
-        f"({args.workers} workers x {args.slots} slots, {args.policy}, N={args.population})"
-    )
-    print(f"(c) ratio b/a: {ratio:.3f}")
-    parts = training["breakdown"]
-    cells = ", ".join(f"{k} {v:.3f} ms ({parts['share'][k]:.0%})"
-                      for k, v in parts["ms_per_step"].items())  # fmt: skip
-    print(f"(d) per agent step: {cells}")
-    mem = training["memory_mib"]
-    cells = ", ".join(f"{k} RSS {v['rss_mib']:.0f} PSS {v['pss_mib']:.0f}" for k, v in mem.items())
-    print(f"    memory (MiB; PSS shares the mapped noise table among its users): {cells}")
+
+def main(argv: list[str] | None = None) -> dict:
+    """Runs every measurement, prints one JSON document, and writes it with --json."""
+    args = parse_args(argv)
+    support = in_child(dtype_support)
+    for dtype in args.inference_dtype:
+        if dtype not in support["dtypes"]:
+            raise SystemExit(f"inference dtype {dtype!r}: this worker supports {support['dtypes']}")
+    cache = l3_cache()
+    ceiling = emulator("vector", args.env, args.workers, args.emulator_seconds, args.vector_envs)
+    gym_path = None
+    if not args.skip_gym:
+        gym_path = emulator("gym", args.env, args.workers, args.emulator_seconds, 1)
+    host = bandwidth_and_peak(args.bandwidth_mb, args.matrix, ["float32", *args.inference_dtype])
+    price = ASSUMED_PRICE_PER_VCPU_HOUR if args.price is None else args.price
+    runs = {}
+    for dtype in args.inference_dtype:
+        forward = forward_costs(args.policy, dtype, support["keyword"], args.loaded_sets,
+                                cache["bytes"], args.forward_repeats)  # fmt: skip
+        with tempfile.TemporaryDirectory() as tmp:
+            training = asyncio.run(end_to_end(args, dtype, Path(tmp) / "run", Path(tmp)))
+        mix = paper_mix(training["phases"], forward, training["elite_samples_per_forward"])
+        rate = ceiling["frames_per_s_per_core"]
+        ratios = {k: v["frames_per_s_per_core"] / rate for k, v in training["phases"].items()}
+        if mix is not None:
+            ratios["paper_mix_idle"] = mix["idle_frames_per_s_per_core"] / rate
+            ratios["paper_mix_loaded"] = mix["loaded_frames_per_s_per_core"] / rate
+        runs[dtype] = {
+            "forward": forward,
+            "training": training,
+            "paper_mix": mix,
+            "ratio_to_ceiling": ratios,
+            "core_hours": core_hours(mix, price),
+            "floor": floor(ceiling, host, forward, training),
+        }
     result = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
+        "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "l3": cache,
+                    "platform": platform.platform(), "python": platform.python_version()},
         "settings": vars(args),
-        "emulator": emulator,
-        "forward": layers,
-        "training": training,
-        "ratio": ratio,
+        "dtype_support": support,
+        "price": {"usd_per_vcpu_hour": price,
+                  "source": "--price" if args.price is not None else "assumption, not a quote"},
+        "reference_core_hours_per_1b_frames": {"seed_000": SEED_000_CORE_HOURS,
+                                               "paper": PAPER_CORE_HOURS},
+        "ceiling": ceiling,
+        "gym_reference": gym_path,
+        "host": host,
+        "runs": runs,
     }  # fmt: skip
+    text = json.dumps(finite(result), indent=2, default=str)
+    print(text)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        Path(args.json).write_text(text)
     return result
+
+
+def finite(value: Any) -> Any:
+    """The document with NaN and infinities as null, so it is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from master.config import (
     ALGORITHMS,
     ARCHITECTURES,
     ATARI_DYNAMICS,
+    INFERENCE_DTYPES,
     RunConfig,
     inspect_env_id,
     preset,
@@ -119,7 +120,8 @@ _GROUPS: tuple[tuple[str, type, tuple[str, ...] | None], ...] = (
     ("genetic algorithm (defaults: the paper's for Atari)", GAConfig, None),
     ("evolution strategies (--algo es)", ESConfig, None),
     ("policy and env", RunConfig, ("architecture", "hidden_sizes", "atari_dynamics",
-                                   "max_episode_steps", "noise_table_size", "noise_table_seed")),
+                                   "inference_dtype", "max_episode_steps", "noise_table_size",
+                                   "noise_table_seed")),
     (_FLEET, RunConfig, ("lease_seconds", "max_task_attempts", "episodes_per_task")),
 )  # fmt: skip
 # Fields that are no flag: set from --env or by the run itself, the algorithm sections, and the
@@ -129,7 +131,8 @@ _NOT_FLAGS = frozenset({"env_id", "atari", "ga", "es", "run_id", "beta1", "beta2
 _FLAG_NAMES = {"population_size": "--population", "architecture": "--policy",
                "hidden_sizes": "--hidden"}  # fmt: skip
 _TYPES: dict[str, Callable[[str], Any]] = {"hidden_sizes": _hidden_sizes}
-_CHOICES = {"architecture": ARCHITECTURES, "atari_dynamics": ATARI_DYNAMICS}
+_CHOICES = {"architecture": ARCHITECTURES, "atari_dynamics": ATARI_DYNAMICS,
+            "inference_dtype": INFERENCE_DTYPES}  # fmt: skip
 _SECTIONS = {GAConfig: "ga", ESConfig: "es"}
 
 

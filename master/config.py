@@ -13,7 +13,7 @@ from master.algorithms.ga import GAConfig
 from master.algorithms.registry import ALGORITHMS
 from neuro.envs.make import ATARI_DYNAMICS, EnvKind, inspect_env_id
 from neuro.genome import Genome
-from neuro.layout import ARCHITECTURES
+from neuro.layout import ARCHITECTURES, INFERENCE_DTYPES
 from neuro.noise import PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
 from neuro.runfiles import GENOME_FORMAT
 
@@ -21,6 +21,7 @@ __all__ = [
     "ALGORITHMS",
     "ARCHITECTURES",
     "ATARI_DYNAMICS",
+    "INFERENCE_DTYPES",
     "EnvKind",
     "RunConfig",
     "inspect_env_id",
@@ -43,6 +44,9 @@ class RunConfig:
     """mlp hidden layer sizes, e.g. 64,64."""
     atari_dynamics: str = "paper"
     """Atari only: "paper" (default: the paper's protocol) or "registered" (the env's own)."""
+    inference_dtype: str = "float32"
+    """Forward-pass precision after the exact float32 decode: float32 (default) or bfloat16
+    (faster on CPUs with bf16 instructions, may change actions; genome files record it)."""
     noise_table_seed: int = 123
     """Seeds the noise table every worker builds."""
     noise_table_size: int = PAPER_NOISE_TABLE_SIZE
@@ -80,6 +84,10 @@ class RunConfig:
         if self.atari_dynamics not in ATARI_DYNAMICS:
             raise ValueError(
                 f"atari_dynamics {self.atari_dynamics!r} is not one of {ATARI_DYNAMICS}"
+            )
+        if self.inference_dtype not in INFERENCE_DTYPES:
+            raise ValueError(
+                f"inference_dtype {self.inference_dtype!r} is not one of {INFERENCE_DTYPES}"
             )
         if self.atari != (self.architecture != "mlp"):
             kind = "an Atari" if self.atari else "a vector-observation"
@@ -121,6 +129,7 @@ class RunConfig:
             "noise_table": {"seed": self.noise_table_seed, "size": self.noise_table_size},
             "mutation_power": self.ga.mutation_power,
             "max_episode_steps": self.max_episode_steps,
+            "inference_dtype": self.inference_dtype,
             "seeds": list(genome.seeds),
         }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -25,16 +26,48 @@ def run_bench(script: str, *args: str, out: Path) -> dict:
 def test_throughput_benchmark_at_a_tiny_size(tmp_path: Path, noise_cache: Path) -> None:
     result = run_bench("throughput.py", "--population", "2", "--elite-episodes", "1",
                        "--max-episode-steps", "40", "--emulator-seconds", "0.5",
-                       "--noise-table-size", str(2**23), out=tmp_path / "t.json")  # fmt: skip
-    assert result["emulator"]["frames_per_s"] > 0
-    assert result["forward"]["deepga"]["params"] == 4_052_658
-    assert set(result["forward"]["nature"]["layer_ms"]) == {"conv1", "conv2", "conv3", "fc", "out"}
-    training = result["training"]
+                       "--noise-table-size", str(2**23), "--forward-repeats", "3",
+                       "--loaded-sets", "2", "--bandwidth-mb", "8", "--matrix", "128",
+                       out=tmp_path / "t.json")  # fmt: skip
+    workers = result["machine"]["cpus"]
+    for engine in ("ceiling", "gym_reference"):
+        figures = result[engine]
+        assert len(figures["per_process"]) == figures["processes"] == workers
+        assert figures["frames_per_s_total"] == pytest.approx(
+            sum(p["frames_per_s"] for p in figures["per_process"])
+        )
+        assert figures["frames_per_s_per_core"] > 0
+    assert result["host"]["bytes_per_s"] > 0 and result["host"]["peak_flop_per_s"]["float32"] > 0
+    assert set(result["runs"]) == {"float32"}
+    run = result["runs"]["float32"]
+    forward = run["forward"]
+    assert forward["params"] == 4_052_658 and forward["bytes_per_forward"] >= 4 * 4_052_658
+    assert set(forward["layer_ms"]) == {"conv1", "conv2", "conv3", "fc", "out"}
+    l3 = result["machine"]["l3"]["bytes"]
+    assert l3 is None or forward["loaded_bytes_cycled"] >= 4 * l3
+    training = run["training"]
     assert training["generations"] == 1 and training["evaluations"] == 2 + 1
     assert 0 < training["frames"] <= 3 * 40 * 4
-    assert result["ratio"] == pytest.approx(
-        training["frames_per_s_per_core"] / result["emulator"]["frames_per_s"]
+    phases = training["phases"]
+    assert set(phases) == {"offspring", "elite"}
+    assert sum(p["frames"] for p in phases.values()) == training["frames"]
+    assert phases["offspring"]["episodes"] == 2 and phases["elite"]["episodes"] == 1
+    mix = run["paper_mix"]
+    assert mix["offspring_frame_share"] + mix["elite_frame_share"] == pytest.approx(1.0)
+    ratios = run["ratio_to_ceiling"]
+    assert set(ratios) == {"offspring", "elite", "paper_mix_idle", "paper_mix_loaded"}
+    assert all(math.isfinite(r) and r > 0 for r in ratios.values())
+    assert ratios["offspring"] == pytest.approx(
+        phases["offspring"]["frames_per_s_per_core"] / result["ceiling"]["frames_per_s_per_core"]
     )
+    cost = run["core_hours"]
+    for mode in ("idle", "loaded"):
+        hours = cost[mode]["core_hours_per_1b_frames"]
+        assert hours == pytest.approx(1e9 / mix[f"{mode}_frames_per_s_per_core"] / 3600)
+        assert cost[mode]["usd_per_1b_frames"] == pytest.approx(
+            hours * result["price"]["usd_per_vcpu_hour"]
+        )
+    assert run["floor"]["step_floor_ms"] > run["floor"]["emulator_ms_per_step"] > 0
     parts = {"env", "forward", "decode", "wait", "other"}
     assert set(training["breakdown"]["ms_per_step"]) == parts
     assert {"master", "worker-0"} <= training["memory_mib"].keys()

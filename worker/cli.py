@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuro.wire import DEFAULT_MASTER, load_token
+from worker.envs import ATARI_ENGINES, DEFAULT_ATARI_ENGINE
 
 if TYPE_CHECKING:
     from worker.client import WorkerClient
@@ -40,6 +41,8 @@ class WorkerSettings:
     """None: hostname-pid-random, chosen at start."""
     prefetch: int
     slots: int
+    atari_engine: str
+    """"vector": paper-protocol Atari on ale-py's C++ vector env; "gym": gymnasium wrappers."""
     stats_file: str | None
     torch_threads: int
     noise_cache: str | None
@@ -77,6 +80,13 @@ def worker_parser() -> argparse.ArgumentParser:
         default=int(os.environ.get("NEURO_SLOTS", "16")),
         help="episodes run at once; episodes of one genome share a batched forward pass "
         "(env NEURO_SLOTS; default %(default)s)",
+    )
+    parser.add_argument(
+        "--atari-engine",
+        default=os.environ.get("NEURO_ATARI_ENGINE", DEFAULT_ATARI_ENGINE),
+        help="what plays paper-protocol Atari: vector (ale-py's C++ vector env, one call steps "
+        "all slots of a game) or gym (gymnasium wrappers); registered dynamics and non-Atari "
+        "envs are gymnasium either way (env NEURO_ATARI_ENGINE; default %(default)s)",
     )
     parser.add_argument(
         "--stats-file",
@@ -166,6 +176,9 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--shared-cache-mb must be >= 0, got {args.shared_cache_mb}")
     if args.slots < 1:
         parser.error(f"--slots must be >= 1, got {args.slots}")
+    if args.atari_engine not in ATARI_ENGINES:
+        parser.error(f"--atari-engine (or NEURO_ATARI_ENGINE) must be one of "
+                     f"{', '.join(ATARI_ENGINES)}, got {args.atari_engine!r}")  # fmt: skip
     if args.torch_threads < 1:
         parser.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
     return WorkerSettings(
@@ -173,6 +186,7 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         worker_id=args.worker_id,
         prefetch=args.prefetch,
         slots=args.slots,
+        atari_engine=args.atari_engine,
         stats_file=args.stats_file,
         torch_threads=args.torch_threads,
         noise_cache=args.noise_cache,
@@ -251,7 +265,12 @@ def _build_client(settings: WorkerSettings) -> WorkerClient:
     return WorkerClient(
         settings.master,
         worker_id,
-        Evaluator(settings.noise_cache, settings.decode_cache_mb * 2**20, shared),
+        Evaluator(
+            settings.noise_cache,
+            settings.decode_cache_mb * 2**20,
+            shared,
+            atari_engine=settings.atari_engine,
+        ),
         prefetch=settings.prefetch,
         give_up_after_s=settings.give_up_after,
         slots=settings.slots,

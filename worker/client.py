@@ -82,6 +82,8 @@ def spec_from_task(task: pb.Task) -> EvaluationSpec:
         noise_table=NoiseTableSpec(genome.noise_table.seed, genome.noise_table.size),
         architecture=task.policy.architecture,
         hidden_sizes=tuple(task.policy.hidden_sizes),
+        # Empty: a master from before the field, whose workers all ran float32.
+        inference_dtype=task.policy.inference_dtype or "float32",
         atari_dynamics=_DYNAMICS.get(task.env.atari_dynamics, "paper"),
         episodes=task.episodes,
         max_episode_steps=task.max_episode_steps,
@@ -421,6 +423,7 @@ class WorkerClient:
     def stats(self) -> dict:
         """Counters and the time breakdown so far."""
         return {"worker_id": self.worker_id, "slots": self.slots, "time": time.monotonic(),
+                "atari_engine": getattr(self.evaluator, "atari_engine", "gym"),
                 **self.counters.__dict__, **self.timers.as_dict()}  # fmt: skip
 
     def write_stats(self) -> None:

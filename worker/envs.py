@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from neuro.envs.make import PAPER, EnvHandle, make_env
+from neuro.envs.make import PAPER, EnvHandle, atari_game, is_atari, make_env, paper_frames
+
+GYM = "gym"
+VECTOR = "vector"
+ATARI_ENGINES = (GYM, VECTOR)
+DEFAULT_ATARI_ENGINE = VECTOR
+"""Chosen by measurement (docs/atari-engines.md): the C++ vector env plays more frames/s."""
 
 
 class EnvBuildError(Exception):
@@ -20,19 +26,58 @@ def build_env(env_id: str, dynamics: str = PAPER) -> EnvHandle:
 
 
 class EnvPool:
-    """Built envs waiting for their next task, by (env id, dynamics); builds on a miss."""
+    """Built envs waiting for their next task, by (env id, dynamics); builds on a miss.
 
-    def __init__(self) -> None:
+    With `atari_engine="vector"`, paper-protocol Atari envs are sub-envs of C++ vector envs of
+    `vector_size` sub-envs each, which the rollout steps with one call; other
+    envs, and Atari under the registered dynamics, are gymnasium envs either way.
+    """
+
+    def __init__(self, atari_engine: str = GYM, vector_size: int = 1) -> None:
+        if atari_engine not in ATARI_ENGINES:
+            raise ValueError(f"atari engine must be one of {ATARI_ENGINES}, got {atari_engine!r}")
+        self.atari_engine = atari_engine
+        self.vector_size = vector_size
         self._free: dict[tuple[str, str], list[EnvHandle]] = defaultdict(list)
+        self._groups: dict[str, list] = defaultdict(list)  # game -> its VectorGroups
 
     def __repr__(self) -> str:
-        return f"EnvPool(free={sum(map(len, self._free.values()))})"
+        return f"EnvPool({self.atari_engine}, free={sum(map(len, self._free.values()))})"
 
     def take(self, env_id: str, dynamics: str = PAPER) -> EnvHandle:
         """A free env of this id and dynamics, or a new one; EnvBuildError if none can be built."""
+        if self.atari_engine == VECTOR and dynamics == PAPER and self._is_atari(env_id):
+            return self._take_sub_env(env_id)
         free = self._free[(env_id, dynamics)]
         return free.pop() if free else build_env(env_id, dynamics)
 
     def give(self, env_id: str, dynamics: str, handle: EnvHandle) -> None:
         """Keeps an env taken for (env_id, dynamics) for the next task that needs one."""
+        group = getattr(handle.env, "group", None)
+        if group is not None:
+            group.give(handle.env)
+            return
         self._free[(env_id, dynamics)].append(handle)
+
+    def _is_atari(self, env_id: str) -> bool:
+        try:
+            return is_atari(env_id)
+        except Exception:  # an unknown id fails in build_env, with the usual error
+            return False
+
+    def _take_sub_env(self, env_id: str) -> EnvHandle:
+        from worker.atari_vector import VectorGroup
+
+        try:
+            game = atari_game(env_id)
+            groups = self._groups[game]
+            for group in groups:
+                sub = group.take()
+                if sub is not None:
+                    break
+            else:
+                groups.append(VectorGroup(game, self.vector_size))
+                sub = groups[-1].take()
+        except Exception as error:  # as build_env: reported, never fatal
+            raise EnvBuildError(f"cannot build env {env_id!r}: {error}") from error
+        return EnvHandle(sub, atari=True, dynamics=PAPER, frames_used=paper_frames)

@@ -15,8 +15,8 @@ from neuro.envs.make import PAPER, EnvHandle
 from neuro.layout import check_parameter_count
 from neuro.noise import NoiseTableSpec, load_noise_table, noise_offset
 from neuro.shared_store import SharedVectorStore
+from worker.envs import GYM, EnvPool
 from worker.envs import EnvBuildError as EnvBuildError  # the client and tests import it here
-from worker.envs import EnvPool
 from worker.policies import Policy, build_policy
 from worker.rollout import EpisodeResult, play
 
@@ -40,6 +40,8 @@ class EvaluationSpec:
     parameters_file: str | None = None
     """A saved parameter vector (.npy) to play instead of decoding `seeds`."""
     parameters_sha256: str | None = None
+    inference_dtype: str = "float32"
+    """Precision of the forward pass (after the float32 decode): float32 or bfloat16."""
 
 
 def perturbed_parameters(
@@ -88,8 +90,11 @@ class Evaluator:
         decode_cache_bytes: int = 512 * 2**20,
         shared_store: SharedVectorStore | None = None,
         max_decoders: int = MAX_DECODERS,
+        atari_engine: str = GYM,
     ):
         """`shared_store`: where this host's workers share decoded parents (None: private).
+
+        `atari_engine`: "gym" or "vector" (ale-py's C++ vector env) for paper-protocol Atari.
 
         `decode_cache_bytes` bounds the decoded vectors of all decoders together, and at most
         `max_decoders` decoders (each holding a noise table) are kept.
@@ -101,7 +106,8 @@ class Evaluator:
         self._decode_budget = CacheBudget(decode_cache_bytes)
         self._max_decoders = max_decoders
         self._shared_store = shared_store
-        self._envs = EnvPool()
+        self.atari_engine = atari_engine
+        self._envs = EnvPool(atari_engine)
         self._policies: dict[tuple, Policy] = {}
         self._decoders: OrderedDict[tuple, GenomeDecoder] = OrderedDict()  # least recent first
         # ES parameter versions fetched by the link thread, read by the episode thread.
@@ -151,12 +157,14 @@ class Evaluator:
         return Evaluation.of(episodes)
 
     def _policy(self, spec: EvaluationSpec, handle: EnvHandle) -> Policy:
-        key = (spec.architecture, spec.hidden_sizes, spec.env_id, spec.atari_dynamics)
+        key = (spec.architecture, spec.hidden_sizes, spec.env_id, spec.atari_dynamics,
+               spec.inference_dtype)  # fmt: skip
         if key not in self._policies:
             env = handle.env
             self._policies[key] = build_policy(
-                spec.architecture, env.observation_space, env.action_space, spec.hidden_sizes
-            )
+                spec.architecture, env.observation_space, env.action_space, spec.hidden_sizes,
+                spec.inference_dtype,
+            )  # fmt: skip
         return self._policies[key]
 
     def decoder(self, spec: EvaluationSpec, policy: Policy) -> GenomeDecoder:

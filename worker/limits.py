@@ -9,6 +9,7 @@ from __future__ import annotations
 from neuro.layout import (
     ARCHITECTURES,
     ATARI_SHAPE,
+    INFERENCE_DTYPES,
     MAX_PARAMS,
     check_parameter_count,
     parameter_count,
@@ -66,6 +67,10 @@ def check_spec(spec: EvaluationSpec) -> EvaluationSpec:
     _check_range("number of hidden layers", len(spec.hidden_sizes), 0, MAX_HIDDEN_LAYERS)
     for width in spec.hidden_sizes:
         _check_range("hidden layer width", width, 1, MAX_HIDDEN_WIDTH)
+    if spec.inference_dtype not in INFERENCE_DTYPES:
+        raise ValueError(
+            f"inference dtype {spec.inference_dtype!r} is not one of {', '.join(INFERENCE_DTYPES)}"
+        )
     if spec.architecture in ARCHITECTURES:  # an unknown one is named by build_policy
         floor = minimum_parameter_count(spec.architecture, spec.hidden_sizes)
         check_parameter_count(floor, spec.noise_table.size)

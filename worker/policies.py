@@ -7,6 +7,7 @@ linear weights are (out, in), both row-major, as torch stores them.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections.abc import Sequence
@@ -25,13 +26,29 @@ from neuro.layout import (
     ATARI_SHAPE,
     DEFAULT_MLP_HIDDEN,
     HIDDEN_STD,
+    INFERENCE_DTYPES,
     OUTPUT_STD,
     check_parameter_count,
     parameter_count,
     parameter_layout,
 )
 
-__all__ = ["ARCHITECTURES", "ATARI_SHAPE", "DEFAULT_MLP_HIDDEN", "Policy", "build_policy"]
+__all__ = [
+    "ARCHITECTURES",
+    "ATARI_SHAPE",
+    "DEFAULT_MLP_HIDDEN",
+    "INFERENCE_DTYPES",
+    "Policy",
+    "build_policy",
+]
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _dtype(layer: nn.Module) -> torch.dtype:
+    """The dtype a layer computes in: its weights' (float32 input for a quantised layer)."""
+    weight = layer.weight
+    return weight.dtype if isinstance(weight, torch.Tensor) else torch.float32
 
 
 def _same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -66,13 +83,14 @@ class _AtariNet(nn.Module):
         self.out = nn.Linear(ATARI_HIDDEN, n_actions)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Each layer runs in its weights' dtype; for float32 every .to() is a no-op.
         x = x.to(torch.float32) / 255.0
         for conv, pad in zip((self.conv1, self.conv2, self.conv3), self.pads, strict=True):
             if any(pad):
                 x = F.pad(x, pad)
-            x = F.relu(conv(x))
-        x = F.relu(self.fc(x.flatten(1)))
-        return self.out(x)
+            x = F.relu(conv(x.to(_dtype(conv))))
+        x = F.relu(self.fc(x.flatten(1).to(_dtype(self.fc))))
+        return self.out(x.to(_dtype(self.out)))
 
 
 class _MLP(nn.Module):
@@ -87,8 +105,8 @@ class _MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.float32).flatten(1)
         for layer in self.hidden:
-            x = torch.tanh(layer(x))
-        return self.out(x)
+            x = torch.tanh(layer(x.to(_dtype(layer))))
+        return self.out(x.to(_dtype(self.out)))
 
 
 def _fan_in(weight: torch.Tensor) -> int:
@@ -96,9 +114,26 @@ def _fan_in(weight: torch.Tensor) -> int:
 
 
 class Policy:
-    """A network plus its action head, with parameters in one contiguous float32 buffer."""
+    """A network plus its action head, with parameters in one contiguous float32 buffer.
 
-    def __init__(self, module: nn.Module, observation_shape: tuple[int, ...], action_space: Any):
+    `inference_dtype` "bfloat16" runs the forward pass on a bfloat16 copy of every layer but the
+    output layer, refreshed by load_parameters; the float32 buffer (what genomes decode to)
+    is unchanged. The output layer stays float32: it is ~0.2% of the weights, and bfloat16
+    logits (8 mantissa bits) would tie often and argmax breaks ties by index.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        observation_shape: tuple[int, ...],
+        action_space: Any,
+        inference_dtype: str = "float32",
+    ):
+        if inference_dtype not in INFERENCE_DTYPES:
+            raise ValueError(
+                f"inference dtype {inference_dtype!r} is not one of {', '.join(INFERENCE_DTYPES)}"
+            )
+        self.inference_dtype = inference_dtype
         self.module = module.eval()
         self.observation_shape = observation_shape
         self.action_space = action_space
@@ -120,6 +155,23 @@ class Policy:
         if isinstance(action_space, gym.spaces.Box):
             self._low = action_space.low.astype(np.float32)
             self._high = action_space.high.astype(np.float32)
+        # The module the forward pass runs, and (float32 view, reduced copy) pairs to refresh.
+        self._inference_module: nn.Module = self.module
+        self._reduced: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if inference_dtype != "float32":
+            self._inference_module = copy.deepcopy(self.module)
+            for layer_name, layer in self._inference_module.named_children():
+                if layer_name != self._output_layer:
+                    layer.to(_TORCH_DTYPES[inference_dtype])
+            # The float32 output layer is shared, so its parameters stay views of the buffer.
+            output_layer = self.module.get_submodule(self._output_layer)
+            setattr(self._inference_module, self._output_layer, output_layer)
+            reduced = dict(self._inference_module.named_parameters())
+            self._reduced = [
+                (p, reduced[name])
+                for name, p in self.module.named_parameters()
+                if reduced[name].dtype != torch.float32
+            ]
 
     def _owner(self, name: str) -> tuple[nn.Module, str]:
         path, _, attr = name.rpartition(".")
@@ -154,6 +206,9 @@ class Policy:
         if flat.shape != (self.num_params,):
             raise ValueError(f"parameters have shape {flat.shape}, expected ({self.num_params},)")
         np.copyto(self._flat, flat)
+        with torch.no_grad():
+            for source, target in self._reduced:
+                target.copy_(source)  # rounds to nearest even
 
     def act(self, observation: np.ndarray) -> int | np.ndarray:
         """Action for one observation: int for Discrete, array for Box."""
@@ -173,7 +228,7 @@ class Policy:
             # torch.from_numpy warns on read-only arrays (e.g. replay of a memmap).
             obs = np.array(obs, order="C")
         with torch.inference_mode():
-            out = self.module(torch.from_numpy(obs)).numpy()
+            out = self._inference_module(torch.from_numpy(obs)).float().numpy()
         space = self.action_space
         if isinstance(space, gym.spaces.Discrete):
             # np.argmax picks the lowest index on ties.
@@ -192,6 +247,7 @@ def build_policy(
     observation_space: Any,
     action_space: Any,
     hidden_sizes: Sequence[int] = (),
+    inference_dtype: str = "float32",
 ) -> Policy:
     """Build the named network for these spaces with zeroed parameters."""
     if architecture not in ARCHITECTURES:
@@ -231,4 +287,4 @@ def build_policy(
         check_parameter_count(parameter_count(parameter_layout(architecture, obs_shape, n_out)))
         with torch.device("meta"):
             module = _AtariNet(n_out, same_padding=architecture == "deepga")
-    return Policy(module, obs_shape, action_space)
+    return Policy(module, obs_shape, action_space, inference_dtype)

@@ -57,6 +57,8 @@ def load_genome_file(path: str | os.PathLike) -> EvaluationSpec:
         max_episode_steps=int(data.get("max_episode_steps") or 0),
         parameters_file=str(Path(path).parent / parameters["file"]) if parameters else None,
         parameters_sha256=parameters["sha256"] if parameters else None,
+        # A genome file from before the field was trained and scored in float32.
+        inference_dtype=data.get("inference_dtype") or "float32",
     )
 
 
@@ -72,6 +74,7 @@ def evaluate_policy(
     atari_dynamics: str = PAPER,
     max_episode_steps: int = 0,
     env_seed: int = 0,
+    inference_dtype: str | None = None,
     evaluator: Evaluator | None = None,
     video: str | os.PathLike | Video | None = None,
 ) -> list[float]:
@@ -81,7 +84,8 @@ def evaluate_policy(
     `evaluate_policy('runs/x/best_genome.json', episodes=30)` replays a saved genome (a run
     dir replays its best_genome.json). `video`: an .mp4 path records the first episode, a
     `worker.video.Video` the first `Video.episodes` (the `video` extra); the scores are the
-    same either way.
+    same either way. `inference_dtype` overrides the genome file's (default: the file's, or
+    float32 for a seed list).
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
@@ -105,7 +109,10 @@ def evaluate_policy(
             atari_dynamics=atari_dynamics,
             max_episode_steps=max_episode_steps,
         )
-    spec = EvaluationSpec(**{**spec.__dict__, "episodes": episodes, "env_seed": env_seed})
+    overrides: dict[str, Any] = {"episodes": episodes, "env_seed": env_seed}
+    if inference_dtype is not None:
+        overrides["inference_dtype"] = inference_dtype
+    spec = EvaluationSpec(**{**spec.__dict__, **overrides})
     if video is not None:
         from worker.video import Video, play_recorded
 

@@ -117,7 +117,9 @@ class Rollout:
         """One agent step in every env; returns the runs that finished, with their episodes."""
         by_actor: dict[int, list[_Lane]] = defaultdict(list)
         for lane in self._lanes.values():
-            by_actor[id(lane.actor)].append(lane)
+            # A vector sub-env pressing its reset's FIRE takes no agent action this step.
+            if getattr(lane.handle.env, "ready", True):
+                by_actor[id(lane.actor)].append(lane)
         started = time.perf_counter()
         for lanes in by_actor.values():
             batch = np.stack([lane.observation for lane in lanes])
@@ -126,21 +128,49 @@ class Rollout:
             self.timers.forward_calls += 1
         stepped = time.perf_counter()
         self.timers.forward_s += stepped - started
-        self.timers.steps += len(self._lanes)
         finished = []
+        groups: dict[int, list[tuple[Hashable, _Lane]]] = defaultdict(list)
         for key, lane in list(self._lanes.items()):
+            group = getattr(lane.handle.env, "group", None)
+            if group is not None:
+                groups[id(group)].append((key, lane))
+                continue
             # Envs check actions against their space: a Discrete one wants an int.
             action = int(lane.action) if lane.discrete else lane.action
             observation, reward, terminated, truncated, _ = lane.handle.env.step(action)
             lane.observation = observation
-            lane.total += float(reward)
-            lane.steps += 1
-            episode_over = terminated or truncated or lane.steps == lane.max_steps
-            if episode_over and self._end_episode(lane):
+            if self._after_step(lane, float(reward), bool(terminated or truncated)):
                 del self._lanes[key]
                 finished.append((key, lane.results))
+        for members in groups.values():
+            finished += self._step_group(members)
         self.timers.env_s += time.perf_counter() - stepped
         return finished
+
+    def _step_group(self, members: list[tuple[Hashable, _Lane]]) -> list:
+        """One call steps every lane of a vector env (see worker.atari_vector)."""
+        group = members[0][1].handle.env.group
+        actions = {lane.handle.env.index: int(lane.action) for _, lane in members
+                   if lane.handle.env.ready}  # fmt: skip
+        result = group.step(actions)
+        finished = []
+        for key, lane in members:
+            index = lane.handle.env.index
+            lane.observation = result.observations[index].copy()
+            if not result.counted[index]:
+                continue
+            over = bool(result.terminated[index] or result.truncated[index])
+            if self._after_step(lane, float(result.rewards[index]), over):
+                del self._lanes[key]
+                finished.append((key, lane.results))
+        return finished
+
+    def _after_step(self, lane: _Lane, reward: float, over: bool) -> bool:
+        """Counts one agent step; True when it ended the lane's run."""
+        lane.total += reward
+        lane.steps += 1
+        self.timers.steps += 1
+        return (over or lane.steps == lane.max_steps) and self._end_episode(lane)
 
     def run(self) -> dict[Hashable, list[EpisodeResult]]:
         """Steps until every run has finished; their episodes by key."""

@@ -47,7 +47,10 @@ class SlotRunner:
         self.timers = timers or StepTimers()
         self._rollout = Rollout(self.timers)
         self._tasks: dict[str, _Task] = {}
-        self._envs = EnvPool()
+        # One single-env C++ group per busy slot, not one group of `capacity` sub-envs: a
+        # vector env steps all of its sub-envs on every call, and in the offspring phase a
+        # worker holds one or two tasks, so idle sub-envs would multiply the emulator's work.
+        self._envs = EnvPool(evaluator.atari_engine, 1)
         self._loaded: dict[tuple, _LoadedPolicy] = {}
         self._spare_policies: dict[tuple, list[Policy]] = defaultdict(list)
 

@@ -90,7 +90,11 @@ def task_template(config: RunConfig, parameters: ParameterStore | None = None) -
     return TaskTemplate(
         run_id=config.run_id,
         env=pb.EnvSpec(env_id=config.env_id, atari_dynamics=dynamics if config.atari else 0),
-        policy=pb.PolicySpec(architecture=config.architecture, hidden_sizes=config.hidden_sizes),
+        policy=pb.PolicySpec(
+            architecture=config.architecture,
+            hidden_sizes=config.hidden_sizes,
+            inference_dtype=config.inference_dtype,
+        ),
         noise_table=pb.NoiseTableSpec(seed=config.noise_table_seed, size=config.noise_table_size),
         mutation_power=registry.get(config.algorithm).mutation_power(config),
         max_episode_steps=config.max_episode_steps,

@@ -98,18 +98,27 @@ def make_env(env_id: str, dynamics: str = PAPER, render_mode: str | None = None)
         env = gym.make(env_id, render_mode=render_mode)
         return EnvHandle(env, atari=False, dynamics=None, frames_used=lambda s: s)
     if dynamics == PAPER:
-        return EnvHandle(_paper_atari(spec.kwargs["game"], render_mode), True, PAPER, _paper_frames)
+        return EnvHandle(_paper_atari(spec.kwargs["game"], render_mode), True, PAPER, paper_frames)
     if dynamics == REGISTERED:
         env = _registered_atari(env_id, render_mode)
         return EnvHandle(env, True, REGISTERED, lambda _: _episode_frame_number(env))
     raise ValueError(f"atari dynamics must be {PAPER!r} or {REGISTERED!r}, got {dynamics!r}")
 
 
-def _paper_frames(steps: int) -> int:
+def atari_game(env_id: str) -> str:
+    """The ROM name behind an Atari id (Frostbite-v4 -> "frostbite")."""
+    register_atari()
+    return gym.spec(env_id).kwargs["game"]
+
+
+def paper_frames(steps: int) -> int:
+    """Agent steps -> emulator frames under the paper's protocol (skip 4)."""
     return steps * PAPER_FRAME_SKIP
 
 
-def _paper_atari(game: str, render_mode: str | None = None) -> gym.Env:
+def _paper_atari(
+    game: str, render_mode: str | None = None, noop_max: int = PAPER_NOOP_MAX
+) -> gym.Env:
     """No sticky actions, skip 4 with max-pool, 1-30 no-ops, FIRE, 84x84 gray, stack of 4.
 
     The game is rebuilt from its name, so Frostbite-v4 (random 2-4 frame skip),
@@ -132,7 +141,7 @@ def _paper_atari(game: str, render_mode: str | None = None) -> gym.Env:
     )
     env = gym.wrappers.AtariPreprocessing(
         base,
-        noop_max=PAPER_NOOP_MAX,
+        noop_max=noop_max,  # 0 only in tests that compare engines frame for frame
         frame_skip=PAPER_FRAME_SKIP,
         screen_size=SCREEN_SIZE,
         terminal_on_life_loss=False,

@@ -63,12 +63,14 @@ class EnvSpec(_message.Message):
     def __init__(self, env_id: _Optional[str] = ..., atari_dynamics: _Optional[_Union[AtariDynamics, str]] = ...) -> None: ...
 
 class PolicySpec(_message.Message):
-    __slots__ = ("architecture", "hidden_sizes")
+    __slots__ = ("architecture", "hidden_sizes", "inference_dtype")
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZES_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     architecture: str
     hidden_sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, architecture: _Optional[str] = ..., hidden_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    inference_dtype: str
+    def __init__(self, architecture: _Optional[str] = ..., hidden_sizes: _Optional[_Iterable[int]] = ..., inference_dtype: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("task_id", "run_id", "genome", "env", "policy", "episodes", "max_episode_steps", "env_seed", "lease_seconds", "perturbation")

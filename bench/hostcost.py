@@ -1,0 +1,356 @@
+"""Host-level measurements for bench/throughput.py, each run in a process pinned to one core.
+
+The emulator ceiling (the C++ vector env, one process per core, all at once), the gymnasium
+path for reference, memory bandwidth and peak matmul FLOP/s, and the cost of one forward pass
+with its weights in cache (idle) and streamed from memory (loaded).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import multiprocessing as mp
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+LAYERS = ("conv1", "conv2", "conv3", "fc", "out")
+
+
+def pin_to(core: int) -> None:
+    """Pins this process to one core (modulo the machine's count)."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core % os.cpu_count()})
+
+
+def l3_cache() -> dict[str, Any]:
+    """Last-level cache size in bytes, from /sys (or lscpu where /sys has no index3)."""
+    path = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
+    try:
+        text = path.read_text().strip()
+        source = str(path)
+    except OSError:
+        import subprocess
+
+        try:
+            done = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10)
+            line = next(x for x in done.stdout.splitlines() if x.startswith("L3 cache"))
+            text, source = line.split(":", 1)[1].split("(")[0].strip(), "lscpu"
+        except (OSError, StopIteration, subprocess.SubprocessError):
+            return {"bytes": None, "source": "unknown"}
+    match = re.match(r"([\d.]+)\s*([KMG]?)i?B?", text.replace(" ", ""))
+    if not match:
+        return {"bytes": None, "source": source, "text": text}
+    scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match.group(2)]
+    return {"bytes": int(float(match.group(1)) * scale), "source": source, "text": text}
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def ale_game(env_id: str) -> str:
+    """ALE's ROM name for a gymnasium id: Frostbite-v4 -> frostbite, Pong -> pong."""
+    name = env_id.split("/")[-1].split("-")[0].removesuffix("NoFrameskip")
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _vector_env(env_id: str, num_envs: int) -> Any:
+    """The C++ vector env under the paper's protocol (the settings the issue fixes)."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    return AtariVectorEnv(ale_game(env_id), num_envs, num_threads=1, frameskip=4, maxpool=True,
+                          grayscale=True, img_height=84, img_width=84, stack_num=4, noop_max=30,
+                          use_fire_reset=True, repeat_action_probability=0.0,
+                          reward_clipping=False, episodic_life=False)  # fmt: skip
+
+
+def _emulator_child(engine: str, env_id: str, core: int, seconds: float, num_envs: int,
+                    barrier: Any, queue: Any) -> None:  # fmt: skip
+    """Steps one env (or one vector of num_envs) with random actions on one pinned core."""
+    pin_to(core)
+    import numpy as np
+
+    rng = np.random.default_rng(core)
+    if engine == "vector":
+        env = _vector_env(env_id, num_envs)
+        env.reset(seed=core)
+        n_actions = int(env.single_action_space.n)
+    else:
+        from neuro.envs.make import make_env
+
+        handle = make_env(env_id)
+        handle.env.reset(seed=core)
+        n_actions = int(handle.env.action_space.n)
+        num_envs = 1
+    barrier.wait()  # every process starts stepping at once: they share the L3 and memory bus
+    steps = frames = episodes = 0
+    started = time.perf_counter()
+    if engine == "vector":
+        resetting = np.zeros(num_envs, dtype=bool)
+        while time.perf_counter() - started < seconds:
+            _, _, terminated, truncated, _ = env.step(rng.integers(n_actions, size=num_envs))
+            # Autoreset (next step): the step after an episode's end only resets that env.
+            frames += 4 * int(num_envs - resetting.sum())
+            resetting = terminated | truncated
+            episodes += int(resetting.sum())
+            steps += num_envs
+        env.close()
+    else:
+        episode_steps = 0
+        while time.perf_counter() - started < seconds:
+            _, _, terminated, truncated, _ = handle.env.step(int(rng.integers(n_actions)))
+            steps += 1
+            episode_steps += 1
+            if terminated or truncated:
+                frames += handle.frames_used(episode_steps)
+                episodes += 1
+                episode_steps = 0
+                handle.env.reset()
+        frames += handle.frames_used(episode_steps)
+    wall = time.perf_counter() - started
+    queue.put({"core": core, "frames": frames, "env_steps": steps, "episodes": episodes,
+               "wall_s": wall, "frames_per_s": frames / wall,
+               "ms_per_env_step": wall / max(1, steps) * 1e3})  # fmt: skip
+
+
+def emulator(engine: str, env_id: str, processes: int, seconds: float, num_envs: int) -> dict:
+    """One pinned process per core, all stepping at once; per process and total frames/s."""
+    ctx = mp.get_context("spawn")
+    queue, barrier = ctx.Queue(), ctx.Barrier(processes)
+    children = [ctx.Process(target=_emulator_child,
+                            args=(engine, env_id, core, seconds, num_envs, barrier, queue))
+                for core in range(processes)]  # fmt: skip
+    for child in children:
+        child.start()
+    per_process = sorted((queue.get(timeout=seconds + 300) for _ in children),
+                         key=lambda r: r["core"])  # fmt: skip
+    for child in children:
+        child.join()
+    total = sum(r["frames_per_s"] for r in per_process)
+    return {
+        "engine": "ale_py.vector_env.AtariVectorEnv" if engine == "vector" else "gymnasium",
+        "game": ale_game(env_id) if engine == "vector" else env_id,
+        "num_envs": num_envs if engine == "vector" else 1,
+        "processes": processes,
+        "per_process": per_process,
+        "frames_per_s_total": total,
+        "frames_per_s_per_core": total / processes,
+        "ms_per_env_step": sum(r["ms_per_env_step"] for r in per_process) / processes,
+    }
+
+
+def _bandwidth_and_peak(megabytes: int, matrix: int, dtypes: list[str]) -> dict:
+    """Copy bandwidth (numpy, read + write) and single-thread matmul peak (torch.mm)."""
+    pin_to(0)
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    n = megabytes * 2**20 // 8
+    src, dst = np.ones(n), np.empty(n)
+    np.copyto(dst, src)  # touch every page first: faults are not bandwidth
+    best = math.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    bandwidth = 2 * n * 8 / best
+    peak: dict[str, float | None] = {}
+    for dtype in dtypes:
+        peak[dtype] = _matmul_peak(torch, matrix, dtype)
+    return {"copy_bytes": n * 8, "bytes_per_s": bandwidth, "matrix": matrix,
+            "peak_flop_per_s": peak}  # fmt: skip
+
+
+def _matmul_peak(torch: Any, size: int, dtype: str) -> float | None:
+    """Best FLOP/s of a size x size matmul in this dtype on one thread; None if unsupported."""
+    try:
+        if dtype == "int8":
+            a = torch.randint(-100, 100, (size, size), dtype=torch.int8)
+            mm = torch._int_mm
+        else:
+            a = torch.randn(size, size).to(getattr(torch, dtype))
+            mm = torch.mm
+        b = a.clone()
+        mm(a, b)
+        best = math.inf
+        for _ in range(5):
+            t = time.perf_counter()
+            mm(a, b)
+            best = min(best, time.perf_counter() - t)
+    except (RuntimeError, AttributeError, TypeError):
+        return None
+    return 2 * size**3 / best
+
+
+def bandwidth_and_peak(megabytes: int, matrix: int, dtypes: list[str]) -> dict:
+    """Runs the bandwidth and peak measurement in a fresh pinned process."""
+    return in_child(_bandwidth_and_peak, megabytes, matrix, dtypes)
+
+
+def in_child(fn: Any, *args: Any) -> Any:
+    """Runs fn in a fresh spawned process, so this one (the master's) never imports torch."""
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
+def dtype_support() -> dict[str, Any]:
+    """Whether worker.policies.build_policy takes an inference dtype, and which ones."""
+    from worker import policies
+
+    parameters = inspect.signature(policies.build_policy).parameters
+    keyword = next((k for k in ("inference_dtype", "dtype") if k in parameters), None)
+    dtypes = list(getattr(policies, "INFERENCE_DTYPES", ("float32",))) if keyword else ["float32"]
+    return {"keyword": keyword, "dtypes": dtypes}
+
+
+def _build(architecture: str, dtype: str, keyword: str | None) -> Any:
+    import gymnasium as gym
+    import numpy as np
+
+    from worker.policies import build_policy
+
+    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    extra = {keyword: dtype} if keyword else {}
+    return build_policy(architecture, space, gym.spaces.Discrete(18), **extra)
+
+
+def _inference_module(policy: Any) -> Any:
+    """The module a forward pass runs (a reduced-precision copy where the policy keeps one)."""
+    return getattr(policy, "_inference_module", None) or policy.module
+
+
+def _forward_costs(architecture: str, dtype: str, keyword: str | None, sets: int,
+                   l3_bytes: int | None, repeats: int) -> dict:  # fmt: skip
+    """Batch-1 forward ms with one weight set (cache-warm) and cycling many (from memory)."""
+    pin_to(0)
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    first = _build(architecture, dtype, keyword)
+    module = _inference_module(first)
+    tensors = [*module.parameters(), *module.buffers()]
+    weight_bytes = sum(t.numel() * t.element_size() for t in tensors) or first.num_params * 4
+    if l3_bytes:  # enough sets that together they are at least 4x the L3
+        sets = max(sets, math.ceil(4 * l3_bytes / weight_bytes))
+    policies = [first, *(_build(architecture, dtype, keyword) for _ in range(sets - 1))]
+    scale = first.init_scale()
+    for index, policy in enumerate(policies):
+        rng = np.random.default_rng(index)
+        policy.load_parameters(rng.standard_normal(first.num_params, np.float32) * scale)
+    obs = np.random.default_rng(99).integers(0, 255, (1, 4, 84, 84), dtype=np.uint8)
+    for policy in policies:
+        policy.act_batch(obs)
+    for _ in range(10):
+        first.act_batch(obs)
+    t = time.perf_counter()
+    for _ in range(repeats):
+        first.act_batch(obs)
+    idle = (time.perf_counter() - t) / repeats * 1e3
+    count = max(repeats, 2 * sets)
+    t = time.perf_counter()
+    for i in range(count):
+        policies[i % sets].act_batch(obs)
+    loaded = (time.perf_counter() - t) / count * 1e3
+    batch8 = np.random.default_rng(1).integers(0, 255, (8, 4, 84, 84), dtype=np.uint8)
+    first.act_batch(batch8)
+    t = time.perf_counter()
+    for _ in range(max(1, repeats // 4)):
+        first.act_batch(batch8)
+    batch8_ms = (time.perf_counter() - t) / max(1, repeats // 4) / 8 * 1e3
+    return {
+        "dtype": dtype,
+        "params": first.num_params,
+        "bytes_per_forward": weight_bytes,
+        "flops_per_forward": _flops(first, obs),
+        "layer_ms": _layer_ms(first, obs, repeats),
+        "idle_ms": idle,
+        "loaded_ms": loaded,
+        "loaded_sets": sets,
+        "loaded_bytes_cycled": sets * weight_bytes,
+        "slowdown": loaded / idle,
+        "batch8_ms_per_sample": batch8_ms,
+    }
+
+
+def forward_costs(architecture: str, dtype: str, keyword: str | None, sets: int,
+                  l3_bytes: int | None, repeats: int) -> dict:  # fmt: skip
+    """Runs the forward micro-benchmark in a fresh pinned process."""
+    return in_child(_forward_costs, architecture, dtype, keyword, sets, l3_bytes, repeats)
+
+
+def _layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
+    """Per-layer ms of one batch-1 forward, timed by hooks on the module's named layers."""
+    module = _inference_module(policy)
+    layers = {name: getattr(module, name) for name in LAYERS if hasattr(module, name)}
+    totals = dict.fromkeys(layers, 0.0)
+    started: dict[str, float] = {}
+    handles = []
+
+    def before(name: str) -> Any:
+        return lambda *_: started.__setitem__(name, time.perf_counter())
+
+    def after(name: str) -> Any:
+        def hook(*_: Any) -> None:
+            totals[name] += time.perf_counter() - started[name]
+
+        return hook
+
+    for name, layer in layers.items():
+        handles.append(layer.register_forward_pre_hook(before(name)))
+        handles.append(layer.register_forward_hook(after(name)))
+    try:
+        for _ in range(5):
+            policy.act_batch(obs)
+        for name in totals:
+            totals[name] = 0.0
+        for _ in range(repeats):
+            policy.act_batch(obs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: total / repeats * 1e3 for name, total in totals.items()}
+
+
+def _flops(policy: Any, obs: Any) -> int:
+    """Multiply-adds x 2 of one batch-1 forward pass, from the layers' output shapes."""
+    import torch
+    from torch import nn
+
+    flops = 0
+
+    def count(layer: Any, _: Any, output: Any) -> None:
+        nonlocal flops
+        if isinstance(layer, nn.Conv2d):
+            kh, kw = layer.kernel_size
+            flops += 2 * output.numel() * layer.in_channels * kh * kw // layer.groups
+        elif isinstance(layer, nn.Linear):
+            flops += 2 * output.numel() * layer.in_features
+
+    module = _inference_module(policy)
+    handles = [m.register_forward_hook(count) for m in module.modules()
+               if isinstance(m, nn.Conv2d | nn.Linear)]  # fmt: skip
+    try:
+        with torch.inference_mode():
+            policy.act_batch(obs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return flops

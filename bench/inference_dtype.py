@@ -1,0 +1,209 @@
+"""Forward-pass precision for the paper's 4M network: speed, load cost, and what it changes.
+
+Per dtype (float32; bfloat16 as Policy runs it; int8 = torch dynamic quantisation of the Linear
+layers, a candidate measured here only), on one core: ms per forward at batch 1 (offspring) and
+16 (elite re-evaluation), ms per load_parameters (decode excluded; int8 quantises on every load),
+and weight bytes one step reads. Then agreement: random genomes play Frostbite with the float32
+policy, and at every visited observation each dtype's greedy action is compared with float32's.
+Last, a trained genome's scores under each dtype, over the same env seeds.
+
+    python bench/inference_dtype.py --json bench/results/inference-dtype.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from neuro.decode import decode_genome  # noqa: E402
+from neuro.envs.make import PAPER, make_env  # noqa: E402
+from neuro.noise import NoiseTableSpec, load_noise_table  # noqa: E402
+from worker.policies import Policy, build_policy  # noqa: E402
+from worker.rollout import run_episode  # noqa: E402
+
+DTYPES = ("float32", "bfloat16", "int8")
+TRAINED_GENOME = REPO / "bench" / "results" / "frostbite-best-genome.json"
+
+
+class Int8Policy:
+    """A float32 policy whose Linear layers are dynamically quantised to int8 on each load."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.num_params = policy.num_params
+        self.load_parameters(policy.flat_parameters.copy())
+
+    def load_parameters(self, flat: np.ndarray) -> None:
+        """Float32 load, then per-channel int8 quantisation of the Linear weights."""
+        self.policy.load_parameters(flat)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated upstream
+            self.module = torch.ao.quantization.quantize_dynamic(
+                copy.deepcopy(self.policy.module), {torch.nn.Linear}, dtype=torch.qint8
+            )
+
+    def act_batch(self, observations: np.ndarray) -> np.ndarray:
+        """Greedy actions, as Policy.act_batch (Discrete spaces starting at 0)."""
+        with torch.inference_mode():
+            out = self.module(torch.from_numpy(np.ascontiguousarray(observations))).numpy()
+        return np.argmax(out, axis=1)
+
+    def weight_bytes(self) -> int:
+        """Int8 Linear weights, float32 for the rest."""
+        total = 0
+        for name, p in self.policy.module.named_parameters():
+            linear = isinstance(self.policy.module.get_submodule(name.rsplit(".", 1)[0]),
+                                torch.nn.Linear)  # fmt: skip
+            total += p.numel() * (1 if linear and name.endswith(".weight") else 4)
+        return total
+
+
+def median_ms(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
+    """Median and quartile range in ms of `repeats` calls, after two warm-up calls."""
+    fn(), fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - started) * 1e3)
+    q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    return {"median": round(q[1], 4), "p25": round(q[0], 4), "p75": round(q[2], 4)}
+
+
+def build(dtype: str, handle: Any) -> Any:
+    """A deepga policy of this dtype for the env's spaces."""
+    env = handle.env
+    if dtype == "int8":
+        return Int8Policy(build_policy("deepga", env.observation_space, env.action_space))
+    return build_policy("deepga", env.observation_space, env.action_space, inference_dtype=dtype)
+
+
+def weight_bytes(policy: Any) -> int:
+    """Bytes of weights one forward step reads."""
+    if isinstance(policy, Int8Policy):
+        return policy.weight_bytes()
+    module = policy._inference_module
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def random_genomes(count: int, policy: Policy, table: np.ndarray, rng: np.random.Generator):
+    """Genomes of 1-10 seeds, decoded exactly (sigma 0.002, the paper's)."""
+    scale = policy.init_scale()
+    for _ in range(count):
+        seeds = [int(s) for s in rng.integers(0, 2**32 - 1, int(rng.integers(1, 11)))]
+        yield seeds, decode_genome(table, scale, 0.002, seeds)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="Frostbite-v4")
+    parser.add_argument("--noise-table-size", type=int, default=2**26)
+    parser.add_argument("--forward-repeats", type=int, default=300)
+    parser.add_argument("--load-repeats", type=int, default=30)
+    parser.add_argument("--genomes", type=int, default=8)
+    parser.add_argument("--episodes", type=int, default=2, help="per random genome")
+    parser.add_argument("--max-steps", type=int, default=2000, help="per agreement episode")
+    parser.add_argument("--trained-genome", default=str(TRAINED_GENOME),
+                        help="genome file to score per dtype; 'none' skips it")  # fmt: skip
+    parser.add_argument("--trained-episodes", type=int, default=3)
+    parser.add_argument("--trained-max-steps", type=int, default=0,
+                        help="0: the genome file's own cap")  # fmt: skip
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # a worker process runs on one core
+    handle = make_env(args.env, PAPER)
+    policies = {dtype: build(dtype, handle) for dtype in DTYPES}
+    base = policies["float32"]
+    table = load_noise_table(NoiseTableSpec(123, args.noise_table_size))
+    rng = np.random.default_rng(0)
+    genomes = list(random_genomes(args.genomes, base, table, rng))
+    theta = genomes[0][1]
+    result: dict[str, Any] = {
+        "env": args.env, "params": base.num_params, "torch": torch.__version__,
+        "noise_table_size": args.noise_table_size, "torch_threads": 1, "dtypes": {},
+    }  # fmt: skip
+    shape = base.observation_shape
+    for dtype, policy in policies.items():
+        policy.load_parameters(theta)
+        entry: dict[str, Any] = {"weight_bytes_per_step": weight_bytes(policy)}
+        for batch in (1, 16):
+            obs = rng.integers(0, 256, (batch, *shape), dtype=np.uint8)
+            entry[f"forward_ms_batch_{batch}"] = median_ms(
+                lambda p=policy, o=obs: p.act_batch(o), args.forward_repeats
+            )
+        entry["load_ms"] = median_ms(lambda p=policy: p.load_parameters(theta), args.load_repeats)
+        result["dtypes"][dtype] = entry
+
+    # Agreement at the observations the float32 policy visits.
+    agree = {dtype: 0 for dtype in DTYPES}
+    steps = 0
+    for index, (_, flat) in enumerate(genomes):
+        for policy in policies.values():
+            policy.load_parameters(flat)
+
+        def act(observation: np.ndarray) -> int:
+            nonlocal steps
+            batch = np.asarray(observation)[None]
+            reference = int(base.act_batch(batch)[0])
+            for dtype, policy in policies.items():
+                agree[dtype] += int(policy.act_batch(batch)[0]) == reference
+            steps += 1
+            return reference
+
+        for episode in range(args.episodes):
+            run_episode(act, handle, args.max_steps, seed=1000 * index + episode)
+    result["agreement"] = {
+        "steps": steps, "genomes": args.genomes, "episodes_per_genome": args.episodes,
+        "fraction_agreeing": {d: round(agree[d] / max(steps, 1), 5) for d in DTYPES},
+    }  # fmt: skip
+
+    if args.trained_genome != "none":
+        result["trained"] = trained_scores(args, handle, policies)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return result
+
+
+def trained_scores(args: argparse.Namespace, handle: Any, policies: dict) -> dict:
+    """The trained genome's episode scores per dtype, over the same env seeds."""
+    document = json.loads(Path(args.trained_genome).read_text())
+    table_spec = NoiseTableSpec(document["noise_table"]["seed"], document["noise_table"]["size"])
+    table = load_noise_table(table_spec)
+    scale = policies["float32"].init_scale()
+    flat = decode_genome(table, scale, document["mutation_power"], document["seeds"])
+    cap = args.trained_max_steps or int(document.get("max_episode_steps") or 0)
+    scores: dict[str, Any] = {"genome": str(args.trained_genome), "max_steps": cap,
+                              "episodes": args.trained_episodes}  # fmt: skip
+    for dtype, policy in policies.items():
+        policy.load_parameters(flat)
+        returns = [
+            run_episode(
+                lambda o, p=policy: int(p.act_batch(np.asarray(o)[None])[0]),
+                handle,
+                cap,
+                seed=episode,
+            ).total_reward
+            for episode in range(args.trained_episodes)
+        ]
+        scores[dtype] = {"returns": returns, "mean": statistics.fmean(returns)}
+    return scores
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The C++ vector env path plays the paper's protocol as the gymnasium path does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from neuro.envs.make import PAPER, EnvHandle, _paper_atari, paper_frames
+from neuro.noise import NoiseTableSpec
+from worker.atari_vector import VectorGroup
+from worker.envs import EnvPool
+from worker.evaluator import EvaluationSpec, Evaluator
+from worker.rollout import Rollout
+from worker.slots import SlotRunner
+
+STEPS = 600
+
+
+class Scripted:
+    """Plays a fixed action sequence, one position per lane and step."""
+
+    def __init__(self, actions: np.ndarray) -> None:
+        self.actions = actions
+        self.t = 0
+        self.observations: list[np.ndarray] = []
+
+    def act_batch(self, observations: np.ndarray) -> list[int]:
+        self.observations.append(observations[0].copy())
+        action = int(self.actions[self.t % len(self.actions)])
+        self.t += 1
+        return [action] * len(observations)
+
+
+def play_scripted(handle: EnvHandle, seed: int, actions: np.ndarray, episodes: int = 1):
+    actor = Scripted(actions)
+    rollout = Rollout()
+    rollout.add("run", handle, actor, episodes=episodes, max_steps=STEPS, seed=seed)
+    return rollout.run()["run"], actor.observations
+
+
+def vector_handle(group: VectorGroup) -> EnvHandle:
+    return EnvHandle(group.take(), atari=True, dynamics=PAPER, frames_used=paper_frames)
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_no_noops_matches_gymnasium_frame_for_frame(seed):
+    """Without the no-ops (drawn by different RNGs), rewards, ends and observations agree."""
+    actions = np.random.default_rng(seed).integers(0, 18, STEPS)
+    gym_handle = EnvHandle(_paper_atari("frostbite", noop_max=0), True, PAPER, paper_frames)
+    gym_episodes, gym_obs = play_scripted(gym_handle, seed, actions, episodes=2)
+    vec_episodes, vec_obs = play_scripted(
+        vector_handle(VectorGroup("frostbite", 2, noop_max=0)), seed, actions, episodes=2
+    )
+    assert vec_episodes == gym_episodes
+    assert len(vec_obs) == len(gym_obs)
+    for t, (a, b) in enumerate(zip(gym_obs, vec_obs, strict=True)):
+        assert np.array_equal(a, b), f"observation {t} differs"
+
+
+def test_same_task_seed_same_episodes_with_noops():
+    """The C++ path's no-ops come from the task's seed: the same seed replays, others differ."""
+    actions = np.random.default_rng(0).integers(0, 18, STEPS)
+    group = VectorGroup("frostbite", 3)
+    runs = [play_scripted(vector_handle(group), seed, actions, episodes=3) for seed in (5, 5, 6)]
+    assert runs[0][0] == runs[1][0]
+    assert all(np.array_equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
+    assert any(not np.array_equal(a, b) for a, b in zip(runs[0][1], runs[2][1], strict=False))
+
+
+def test_lanes_of_one_group_do_not_disturb_each_other():
+    """A lane plays the same episodes alone or beside others that start and end around it."""
+    actions = np.random.default_rng(1).integers(0, 18, STEPS)
+    alone, _ = play_scripted(vector_handle(VectorGroup("frostbite", 1)), 7, actions, episodes=2)
+    group = VectorGroup("frostbite", 3)
+    rollout = Rollout()
+    rollout.add("main", vector_handle(group), Scripted(actions), 2, STEPS, seed=7)
+    rollout.add("short", vector_handle(group), Scripted(actions[::-1]), 1, 50, seed=8)
+    done = {}
+    for _ in range(60):
+        done.update(rollout.step())
+    assert done["short"][0].steps == 50
+    rollout.add("late", vector_handle(group), Scripted(actions), 1, 30, seed=9)
+    done.update(rollout.run())
+    assert done["main"] == alone
+
+
+def spec(env_seed: int, episodes: int = 2) -> EvaluationSpec:
+    table = NoiseTableSpec(seed=123, size=2**23)
+    return EvaluationSpec(env_id="Frostbite-v4", seeds=(17, 4), mutation_power=0.002,
+                          noise_table=table, architecture="deepga", episodes=episodes,
+                          max_episode_steps=100, env_seed=env_seed)  # fmt: skip
+
+
+def run_slots(runner: SlotRunner, specs: dict[str, EvaluationSpec]) -> dict:
+    for task_id, task_spec in specs.items():
+        runner.start(task_id, task_id, task_spec)
+    results = {}
+    while runner.busy:
+        for task_id, _, evaluation in runner.step():
+            results[task_id] = evaluation
+    return results
+
+
+def test_slot_runner_on_the_vector_engine_is_reproducible(tmp_path):
+    """Frostbite, the paper network, 100-step episodes: the same results twice, 4 frames a step."""
+    specs = {"a": spec(1), "b": spec(2), "c": spec(1, episodes=1)}
+    first = run_slots(SlotRunner(Evaluator(str(tmp_path), atari_engine="vector"), 4), specs)
+    second = run_slots(SlotRunner(Evaluator(str(tmp_path), atari_engine="vector"), 4), specs)
+    assert first == second
+    for evaluation in first.values():
+        assert evaluation.frames == [400] * len(evaluation.frames)  # capped at 100 steps
+    assert first["c"].returns == first["a"].returns[:1]
+    single = Evaluator(str(tmp_path), atari_engine="vector").evaluate(spec(1))
+    assert single == first["a"]
+
+
+def test_engine_choice_keeps_gymnasium_where_it_must():
+    pool = EnvPool("vector", 2)
+    assert hasattr(pool.take("Frostbite-v4").env, "group")
+    assert not hasattr(pool.take("Frostbite-v4", "registered").env, "group")
+    assert not hasattr(pool.take("CartPole-v1").env, "group")
+    with pytest.raises(ValueError, match="atari engine"):
+        EnvPool("emulator")
+
+
+def test_worker_flag_and_env_var_choose_the_engine(monkeypatch):
+    from worker.cli import worker_parser, worker_settings
+
+    monkeypatch.delenv("NEURO_ATARI_ENGINE", raising=False)
+    parser = worker_parser()
+    assert worker_settings(parser, parser.parse_args([])).atari_engine == "vector"
+    flagged = parser.parse_args(["--atari-engine", "gym"])
+    assert worker_settings(parser, flagged).atari_engine == "gym"
+    monkeypatch.setenv("NEURO_ATARI_ENGINE", "bogus")
+    parser = worker_parser()
+    with pytest.raises(SystemExit):
+        worker_settings(parser, parser.parse_args([]))

@@ -1,0 +1,144 @@
+"""--inference-dtype: recorded, sent to workers, replayed, and close to float32's actions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from master.config import RunConfig
+from master.run.start import resume_config, task_template
+from neuro.genome import Genome
+from neuro.noise import NoiseTableSpec
+from neuro.v1 import evolution_pb2 as pb
+from tests.conftest import REPO, worker_env
+from tests.test_bench import run_bench
+from tests.tiny import LOCAL_CARTPOLE_ARGS, tiny_cartpole
+from worker import evaluate_policy, load_genome_file
+from worker.client import spec_from_task
+from worker.evaluator import EvaluationSpec, Evaluator
+from worker.limits import check_spec
+from worker.policies import build_policy
+
+ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+VECTOR_OBS = gym.spaces.Box(-np.inf, np.inf, (8,), np.float32)
+
+
+def test_the_setting_round_trips_config_json_and_a_resume() -> None:
+    config = tiny_cartpole(inference_dtype="bfloat16")
+    saved = json.loads(json.dumps(config.to_dict()))
+    assert saved["inference_dtype"] == "bfloat16"
+    assert RunConfig.from_dict(saved) == config
+    assert resume_config({"config": saved}, generations=9).inference_dtype == "bfloat16"
+    assert tiny_cartpole().inference_dtype == "float32"
+    # A config.json from before the field ran float32.
+    del saved["inference_dtype"]
+    assert RunConfig.from_dict(saved).inference_dtype == "float32"
+
+
+def test_an_invalid_dtype_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="'float16'"):
+        tiny_cartpole(inference_dtype="float16")
+    spec = EvaluationSpec("CartPole-v1", (1,), 0.05, NoiseTableSpec(size=2**16), "mlp",
+                          (8,), inference_dtype="int4")  # fmt: skip
+    with pytest.raises(ValueError, match="'int4'"):
+        check_spec(spec)
+    with pytest.raises(ValueError, match="'fp8'"):
+        build_policy("mlp", VECTOR_OBS, gym.spaces.Discrete(2), (8,), inference_dtype="fp8")
+
+
+def test_tasks_and_genome_documents_carry_the_dtype() -> None:
+    config = tiny_cartpole(inference_dtype="bfloat16")
+    template = task_template(config)
+    assert template.policy.inference_dtype == "bfloat16"
+    task = pb.Task(env=template.env, policy=template.policy, episodes=1,
+                   genome=pb.Genome(seeds=[1], noise_table=template.noise_table))  # fmt: skip
+    assert spec_from_task(task).inference_dtype == "bfloat16"
+    task.policy.inference_dtype = ""  # a master from before the field
+    assert spec_from_task(task).inference_dtype == "float32"
+    task.policy.inference_dtype = "float64"
+    with pytest.raises(ValueError, match="'float64'"):
+        spec_from_task(task)
+    assert config.genome_document(Genome((1, 2)))["inference_dtype"] == "bfloat16"
+
+
+def test_replay_uses_the_genome_documents_dtype(tmp_path: Path, noise_cache: Path) -> None:
+    document = tiny_cartpole(inference_dtype="bfloat16").genome_document(Genome((7, 8)))
+    path = tmp_path / "genome.json"
+    path.write_text(json.dumps(document))
+    assert load_genome_file(path).inference_dtype == "bfloat16"
+    evaluator = Evaluator()
+    evaluate_policy(path, episodes=1, evaluator=evaluator)
+    assert [p.inference_dtype for p in evaluator._policies.values()] == ["bfloat16"]
+    del document["inference_dtype"]  # a genome file from before the field
+    path.write_text(json.dumps(document))
+    assert load_genome_file(path).inference_dtype == "float32"
+
+
+# Measured (bench/inference_dtype.py's method on random genomes and random observations): the
+# lowest agreement over these seeds was 0.994 (deepga), 0.996 (nature), 0.994 (mlp); a genome
+# whose top two logits are within bfloat16's rounding flips, so agreement is never exactly 1.
+AGREEMENT_FLOOR = 0.98
+
+
+@pytest.mark.parametrize("architecture", ["deepga", "nature", "mlp"])
+def test_bfloat16_actions_agree_with_float32(architecture: str) -> None:
+    if architecture == "mlp":
+        spaces, hidden = (VECTOR_OBS, gym.spaces.Discrete(4)), (64, 64)
+    else:
+        spaces, hidden = (ATARI_OBS, gym.spaces.Discrete(18)), ()
+    reference = build_policy(architecture, *spaces, hidden)
+    reduced = build_policy(architecture, *spaces, hidden, inference_dtype="bfloat16")
+    rng = np.random.default_rng(0)
+    if architecture == "mlp":
+        observations = rng.standard_normal((512, 8)).astype(np.float32)
+    else:
+        observations = rng.integers(0, 256, (128, *ATARI_OBS.shape), dtype=np.uint8)
+    agreeing = []
+    for _ in range(4):
+        theta = rng.standard_normal(reference.num_params) * reference.init_scale()
+        theta = theta.astype(np.float32)
+        reference.load_parameters(theta)
+        reduced.load_parameters(theta)
+        # The float32 buffer is the genome's exact decode, untouched by the reduced copy.
+        assert np.array_equal(reduced.flat_parameters, theta)
+        agreeing.append(
+            np.mean(reference.act_batch(observations) == reduced.act_batch(observations))
+        )
+    assert min(agreeing) >= AGREEMENT_FLOOR, agreeing
+
+
+@pytest.mark.slow
+def test_a_bfloat16_run_trains_and_replays_end_to_end(tmp_path: Path, noise_cache: Path) -> None:
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "master", *LOCAL_CARTPOLE_ARGS, "--generations", "2",
+               "--population", "6", "--inference-dtype", "bfloat16", "--quiet",
+               "--run-dir", str(run_dir)]  # fmt: skip
+    done = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((run_dir / "config.json").read_text())["inference_dtype"] == "bfloat16"
+    best = json.loads((run_dir / "best_genome.json").read_text())
+    assert best["inference_dtype"] == "bfloat16"
+    # The worker ran the tasks in bfloat16: a replay in that dtype scores what the run did.
+    scores = evaluate_policy(run_dir, episodes=2, inference_dtype="bfloat16")
+    assert all(np.isfinite(scores))
+
+
+@pytest.mark.slow
+def test_inference_dtype_benchmark_at_a_tiny_size(tmp_path: Path, noise_cache: Path) -> None:
+    result = run_bench("inference_dtype.py", "--noise-table-size", str(2**23),
+                       "--forward-repeats", "3", "--load-repeats", "2", "--genomes", "2",
+                       "--episodes", "1", "--max-steps", "20", "--trained-genome", "none",
+                       out=tmp_path / "i.json")  # fmt: skip
+    assert result["params"] == 4_052_658
+    assert set(result["dtypes"]) == {"float32", "bfloat16", "int8"}
+    f32, bf16 = result["dtypes"]["float32"], result["dtypes"]["bfloat16"]
+    assert bf16["weight_bytes_per_step"] < f32["weight_bytes_per_step"] == 4 * 4_052_658
+    assert result["agreement"]["fraction_agreeing"]["float32"] == 1.0
+    assert 0 < result["agreement"]["steps"] <= 2 * 20

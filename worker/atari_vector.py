@@ -1,0 +1,174 @@
+"""The paper's Atari protocol on ale-py's C++ vector env: many episodes, one `step` call.
+
+A `VectorGroup` owns one `AtariVectorEnv` of a game with a fixed number of sub-envs; each
+`SubEnv` is one Rollout lane's env. The rollout gathers the actions of all lanes of a group
+and steps them in one call, so no per-frame Python runs.
+
+What matches the gymnasium path (`neuro.envs.make`) exactly, given the same start state and
+actions: rewards, episode ends and observations (no sticky actions, skip 4 with max-pool over
+the last 2 frames, 84x84 gray, stack of 4, FIRE for one agent step after reset, no reward
+clipping, no life-loss termination), and frames counted as agent steps * 4 (the no-op and
+FIRE frames of a reset are not counted on either path). What differs: the 0-30 no-ops at
+reset are drawn by the emulator's own RNG seeded with the task's seed (mod 2**31), not by
+gymnasium's `np_random`, so the same seed starts the game a different number of frames in.
+Later episodes of a task continue that RNG (an unseeded reset), so a task is reproducible
+from its seed on this engine alone. `tests/test_atari_vector.py` checks both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from neuro.envs.make import FRAME_STACK, PAPER_FRAME_SKIP, PAPER_NOOP_MAX, SCREEN_SIZE
+
+MAX_EMULATOR_FRAMES = 2**31 - 1
+"""The emulator's own episode cap, out of the way: the rollout enforces max_episode_steps."""
+SEED_MODULUS = 2**31
+"""The emulator takes a signed 32-bit seed."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Every sub-env's outcome of one group step; `counted` is False for a reset's FIRE."""
+
+    observations: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    counted: np.ndarray
+
+
+class VectorGroup:
+    """`size` sub-envs of one game in one C++ vector env, stepped by one call."""
+
+    def __init__(self, game: str, size: int, noop_max: int = PAPER_NOOP_MAX) -> None:
+        from ale_py import Action
+        from ale_py.vector_env import AtariVectorEnv
+
+        if size < 1:
+            raise ValueError(f"a vector group needs >= 1 sub-env, got {size}")
+        self.game = game
+        self.size = size
+        self.env = AtariVectorEnv(
+            game, size, frameskip=PAPER_FRAME_SKIP, maxpool=True, grayscale=True,
+            img_height=SCREEN_SIZE, img_width=SCREEN_SIZE, stack_num=FRAME_STACK,
+            noop_max=noop_max, repeat_action_probability=0.0, reward_clipping=False,
+            episodic_life=False, num_threads=1, max_num_frames_per_episode=MAX_EMULATOR_FRAMES,
+            # The emulator's own FIRE reset presses FIRE for 1 frame, not one 4-frame agent
+            # step as the gymnasium path does; the group presses it as a step instead.
+            use_fire_reset=False,
+            # SAME_STEP: a game-over step already returns the next episode's first frame, so
+            # a lane never spends a step on a reset; its next task's seeded reset is a mask.
+            autoreset_mode="SameStep",
+        )  # fmt: skip
+        actions = list(self.env.ale.get_action_set())
+        self.fire = actions.index(Action.FIRE) if Action.FIRE in actions else None
+        self.observation_space = self.env.single_observation_space
+        self.action_space = self.env.single_action_space
+        self._taken = np.zeros(size, dtype=bool)
+        self._fire_pending = np.zeros(size, dtype=bool)
+        self._age = np.full(size, FRAME_STACK, dtype=np.int64)
+        """Stacked frames that belong to the current episode's start (FRAME_STACK: all)."""
+        self._autoreset = np.zeros(size, dtype=bool)
+        self._pending: np.ndarray | None = None  # the last step's observations
+        self._free = list(range(size - 1, -1, -1))
+        self.env.reset(seed=0)  # partial resets need one full reset first
+
+    def __repr__(self) -> str:
+        return f"VectorGroup({self.game!r}, taken={int(self._taken.sum())}/{self.size})"
+
+    def take(self) -> SubEnv | None:
+        """A free sub-env, or None when all are taken."""
+        if not self._free:
+            return None
+        index = self._free.pop()
+        self._taken[index] = True
+        return SubEnv(self, index)
+
+    def give(self, sub: SubEnv) -> None:
+        """Frees a sub-env; it keeps being stepped (with NOOP) but reports to no one."""
+        if self._taken[sub.index]:
+            self._taken[sub.index] = False
+            self._free.append(sub.index)
+
+    def reset(self, index: int, seed: int | None) -> np.ndarray:
+        """Starts an episode in one sub-env: seeded, or continuing its RNG (seed None)."""
+        if seed is None and self._autoreset[index]:
+            observation = self._pending[index].copy()  # the game-over step already reset it
+        else:
+            mask = np.zeros(self.size, dtype=bool)
+            mask[index] = True
+            seeds = np.array([-1 if seed is None else seed % SEED_MODULUS], dtype=np.int64)
+            observations, _ = self.env.reset(seed=seeds, options={"reset_mask": mask})
+            observation = observations[index].copy()
+        self._start(index)
+        return self._pad(index, observation)
+
+    def ready(self, index: int) -> bool:
+        """Whether the sub-env wants an agent action (not its reset's FIRE) this step."""
+        return not self._fire_pending[index]
+
+    def step(self, actions: dict[int, int]) -> StepResult:
+        """One step of every sub-env: given actions, FIRE where a reset wants it, else NOOP."""
+        batch = np.zeros(self.size, dtype=np.int64)
+        for index, action in actions.items():
+            batch[index] = action
+        firing = self._fire_pending & self._taken
+        if self.fire is not None:
+            batch[firing] = self.fire
+        observations, rewards, terminated, truncated, _ = self.env.step(batch)
+        counted = self._taken & ~firing
+        self._fire_pending &= ~firing
+        self._age[firing] = 1  # the frame after FIRE is the gymnasium path's first observation
+        self._age[counted] = np.minimum(self._age[counted] + 1, FRAME_STACK)
+        ended = terminated | truncated
+        self._autoreset[:] = ended
+        self._pending = observations
+        for index in np.flatnonzero(self._taken):
+            if ended[index] and not counted[index]:
+                self._start(index)  # game over on the FIRE step: start again, FIRE again
+            elif not ended[index]:
+                self._pad(index, observations[index])
+        return StepResult(observations, rewards, terminated, truncated, counted)
+
+    def _start(self, index: int) -> None:
+        self._autoreset[index] = False
+        self._fire_pending[index] = self.fire is not None
+        self._age[index] = 1
+
+    def _pad(self, index: int, observation: np.ndarray) -> np.ndarray:
+        """Repeats the episode's first frame over the emulator's zero (or no-op) padding.
+
+        The gymnasium path's frame stack starts as 4 copies of the first observation.
+        """
+        age = int(self._age[index])
+        if age < FRAME_STACK:
+            observation[: FRAME_STACK - age] = observation[FRAME_STACK - age]
+        return observation
+
+
+class SubEnv:
+    """One sub-env of a `VectorGroup`: a Rollout lane's env, stepped only through its group."""
+
+    def __init__(self, group: VectorGroup, index: int) -> None:
+        self.group = group
+        self.index = index
+        self.observation_space = group.observation_space
+        self.action_space = group.action_space
+
+    def __repr__(self) -> str:
+        return f"SubEnv({self.group.game!r}, {self.index})"
+
+    @property
+    def ready(self) -> bool:
+        return self.group.ready(self.index)
+
+    def reset(self, seed: int | None = None, **_: Any) -> tuple[np.ndarray, dict]:
+        """Starts an episode: seeded by the task, or (None) continuing the sub-env's RNG."""
+        return self.group.reset(self.index, seed), {}
+
+    def step(self, action: Any) -> Any:
+        raise TypeError("a SubEnv is stepped through its VectorGroup, with its group's lanes")
