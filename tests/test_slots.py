@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from neuro.noise import NoiseTableSpec
@@ -59,3 +61,21 @@ def test_a_dropped_task_frees_its_slot_and_a_bad_env_is_reported(tmp_path):
     with pytest.raises(EnvBuildError, match="NoSuchEnv-v0"):
         runner.start("b", "task-b", bad)
     assert runner.free == 2
+
+
+def test_the_fleet_path_plays_each_task_in_its_inference_dtype(tmp_path):
+    # A run's tasks carry its dtype; the slot runner must build (and reuse) networks by it, or
+    # the fleet would score a genome with another policy than replay plays.
+    evaluator = Evaluator(str(tmp_path))
+    runner = SlotRunner(evaluator, 2)
+    bf16 = dataclasses.replace(cartpole_task((7, 8), 1, 1), inference_dtype="bfloat16")
+    f32 = cartpole_task((7, 9), 1, 2)
+    for task_id, spec in (("a", bf16), ("b", f32)):
+        runner.start(task_id, spec, spec)
+    dtypes = {loaded.policy.inference_dtype for loaded in runner._loaded.values()}
+    assert dtypes == {"bfloat16", "float32"}
+    while runner.busy:
+        runner.step()
+    # Freed networks are reused only by tasks of the same dtype.
+    runner.start("c", f32, f32)
+    assert [lp.policy.inference_dtype for lp in runner._loaded.values()] == ["float32"]

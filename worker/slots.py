@@ -22,6 +22,10 @@ from worker.rollout import Rollout, StepTimers
 __all__ = ["SlotRunner", "StepTimers"]
 
 
+_SHAPE_FIELDS = 5
+"""Leading fields of a genome key that decide which built network (a spare) fits it."""
+
+
 @dataclass
 class _Task:
     task: Any
@@ -73,9 +77,10 @@ class SlotRunner:
         if not self.free:
             raise RuntimeError(f"no free slot for {task_id}: {self!r}")
         handle = self._envs.take(spec.env_id, spec.atari_dynamics)
+        # The first five fields make a network's shape and dtype (spares are reused by them).
         genome_key = (spec.architecture, spec.hidden_sizes, spec.env_id, spec.atari_dynamics,
-                      spec.noise_table, spec.mutation_power, spec.seeds, spec.perturbation,
-                      spec.parameters_file)  # fmt: skip
+                      spec.inference_dtype, spec.noise_table, spec.mutation_power, spec.seeds,
+                      spec.perturbation, spec.parameters_file)  # fmt: skip
         try:
             policy = self._acquire_policy(genome_key, spec, handle)
         except BaseException:
@@ -109,14 +114,18 @@ class SlotRunner:
         if loaded is not None:
             loaded.users += 1
             return loaded.policy
-        shape_key = key[:4]
+        shape_key = key[:_SHAPE_FIELDS]
         spares = self._spare_policies[shape_key]
         env = handle.env
         policy = (
             spares.pop()
             if spares
             else build_policy(
-                spec.architecture, env.observation_space, env.action_space, spec.hidden_sizes
+                spec.architecture,
+                env.observation_space,
+                env.action_space,
+                spec.hidden_sizes,
+                inference_dtype=spec.inference_dtype,
             )
         )
         started = time.perf_counter()
@@ -133,5 +142,5 @@ class SlotRunner:
         loaded.users -= 1
         if loaded.users == 0:
             del self._loaded[task.genome_key]
-            self._spare_policies[task.genome_key[:4]].append(loaded.policy)
+            self._spare_policies[task.genome_key[:_SHAPE_FIELDS]].append(loaded.policy)
         return task
