@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ import boto3
 import botocore.exceptions
 
 TEMPLATE_NAME = "neuro.yaml"
+PRICING_REGION = "us-east-1"
+"""The Price List API answers in a few regions only, with every region's prices."""
 # A stack that creates IAM roles must acknowledge it; named roles would need CAPABILITY_NAMED_IAM.
 CAPABILITIES = ["CAPABILITY_IAM"]
 FAILED_STATES = {
@@ -67,6 +70,8 @@ class Clients:
     s3: Any
     ssm: Any
     region: str
+    # Prices for `estimate` and `status`; the Price List API lives in a few regions only.
+    pricing: Any = None
 
     @classmethod
     def connect(cls, region: str | None = None, profile: str | None = None) -> Clients:
@@ -95,6 +100,7 @@ class Clients:
             s3=client("s3"),
             ssm=client("ssm"),
             region=session.region_name,
+            pricing=session.client("pricing", region_name=PRICING_REGION),
         )
 
 
@@ -107,6 +113,7 @@ class StackInfo:
     reason: str | None
     parameters: dict[str, str]
     outputs: dict[str, str] = field(default_factory=dict)
+    created: datetime | None = None
 
 
 def describe(clients: Clients, stack_name: str) -> StackInfo | None:
@@ -128,6 +135,7 @@ def describe(clients: Clients, stack_name: str) -> StackInfo | None:
             p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])
         },
         outputs={o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])},
+        created=stack.get("CreationTime"),
     )
 
 
