@@ -42,6 +42,7 @@ def vector_handle(group: VectorGroup) -> EnvHandle:
     return EnvHandle(group.take(), atari=True, dynamics=PAPER, frames_used=paper_frames)
 
 
+@pytest.mark.slow  # seconds of emulation
 @pytest.mark.parametrize("seed", [3, 11])
 def test_no_noops_matches_gymnasium_frame_for_frame(seed):
     """Without the no-ops (drawn by different RNGs), rewards, ends and observations agree."""
@@ -57,6 +58,7 @@ def test_no_noops_matches_gymnasium_frame_for_frame(seed):
         assert np.array_equal(a, b), f"observation {t} differs"
 
 
+@pytest.mark.slow  # seconds of emulation
 def test_same_task_seed_same_episodes_with_noops():
     """The C++ path's no-ops come from the task's seed: the same seed replays, others differ."""
     actions = np.random.default_rng(0).integers(0, 18, STEPS)
@@ -67,6 +69,7 @@ def test_same_task_seed_same_episodes_with_noops():
     assert any(not np.array_equal(a, b) for a, b in zip(runs[0][1], runs[2][1], strict=False))
 
 
+@pytest.mark.slow  # seconds of emulation
 def test_lanes_of_one_group_do_not_disturb_each_other():
     """A lane plays the same episodes alone or beside others that start and end around it."""
     actions = np.random.default_rng(1).integers(0, 18, STEPS)
@@ -101,6 +104,7 @@ def run_slots(runner: SlotRunner, specs: dict[str, EvaluationSpec]) -> dict:
     return results
 
 
+@pytest.mark.slow  # seconds of emulation
 def test_slot_runner_on_the_vector_engine_is_reproducible(tmp_path):
     """Frostbite, the paper network, 100-step episodes: the same results twice, 4 frames a step."""
     specs = {"a": spec(1), "b": spec(2), "c": spec(1, episodes=1)}
