@@ -188,7 +188,7 @@ def trained_scores(args: argparse.Namespace, handle: Any, policies: dict) -> dic
     scale = policies["float32"].init_scale()
     flat = decode_genome(table, scale, document["mutation_power"], document["seeds"])
     cap = args.trained_max_steps or int(document.get("max_episode_steps") or 0)
-    scores: dict[str, Any] = {"genome": str(args.trained_genome), "max_steps": cap,
+    scores: dict[str, Any] = {"genome": _shown(args.trained_genome), "max_steps": cap,
                               "episodes": args.trained_episodes}  # fmt: skip
     for dtype, policy in policies.items():
         policy.load_parameters(flat)
@@ -207,3 +207,9 @@ def trained_scores(args: argparse.Namespace, handle: Any, policies: dict) -> dic
 
 if __name__ == "__main__":
     main()
+
+
+def _shown(path: str) -> str:
+    """A path as the results should show it: relative to the repository when inside it."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)

@@ -51,7 +51,7 @@ from bench.hostcost import (  # noqa: E402  (after the path insert, so the scrip
 PAPER_OFFSPRING = 1000
 PAPER_ELITE_CANDIDATES = 10
 PAPER_ELITE_EPISODES = 30
-# Reference points for 1B frames (../shared/reference/deep-ga.md).
+# Reference points for 1B frames: the Go/gRPC replication (~900 core-hours) and the paper (~720).
 SEED_000_CORE_HOURS = 900.0
 PAPER_CORE_HOURS = 720.0
 # No Spot price is recorded in the project's reference notes, so the default is an assumption,
