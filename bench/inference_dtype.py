@@ -205,11 +205,11 @@ def trained_scores(args: argparse.Namespace, handle: Any, policies: dict) -> dic
     return scores
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _shown(path: str) -> str:
     """A path as the results should show it: relative to the repository when inside it."""
     resolved = Path(path).resolve()
     return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
+
+
+if __name__ == "__main__":
+    main()
