@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from master.observe.status import StatusError, fetch_status
 from master.run.rundir import read_elite_seeds, read_metrics
 from tests.conftest import REPO, free_port, spawn_worker, stop_processes, worker_env
 
@@ -24,7 +25,6 @@ pytestmark = pytest.mark.slow
 
 N, K, E, GENERATIONS = 60, 3, 10, 8
 DEADLINE_S = 240
-WORKER_SETTLE_S = 5.0
 
 
 def start_master(port: int, run_dir: Path, log: Path) -> subprocess.Popen:
@@ -36,6 +36,15 @@ def start_master(port: int, run_dir: Path, log: Path) -> subprocess.Popen:
                "--quiet"]  # fmt: skip
     return subprocess.Popen(command, env=worker_env(), cwd=REPO, stdout=log.open("ab"),
                             stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def lease_holders(port: int) -> set[str]:
+    """Ids of the workers holding leases now; none while the master is down."""
+    try:
+        status = fetch_status(f"127.0.0.1:{port}", timeout=2.0)
+    except StatusError:
+        return set()
+    return {w.worker_id for w in status.worker_status if w.tasks_leased > 0}
 
 
 def generations_done(run_dir: Path) -> int:
@@ -50,8 +59,8 @@ def test_the_run_survives_killed_workers_and_two_master_crashes(
     port, run_dir, log = free_port(), tmp_path / "run", tmp_path / "master.log"
     master = start_master(port, run_dir, log)
     names = (f"w{i}" for i in itertools.count())
-    workers = [spawn_worker(port, next(names), "--give-up-after", "60") for _ in range(4)]
-    born = [time.monotonic()] * len(workers)
+    ids = [next(names) for _ in range(4)]
+    workers = [spawn_worker(port, name, "--give-up-after", "60") for name in ids]
     master_kills = worker_kills = 0
     started = time.monotonic()
     try:
@@ -68,15 +77,16 @@ def test_the_run_survives_killed_workers_and_two_master_crashes(
                 master.wait(10)
                 master_kills += 1
                 master = start_master(port, run_dir, log)
-            # Victims have lived a while: on a loaded machine a worker still importing torch
-            # holds no lease, and killing only those would test nothing.
-            grown = [i for i, t in enumerate(born) if time.monotonic() - t > WORKER_SETTLE_S]
-            if worker_kills < 30 and grown:
-                victim = rng.choice(grown)
+            # Victims hold leases right now (the master's Status says so): a worker still
+            # importing torch on a loaded machine holds none, and killing it would test nothing.
+            holding = lease_holders(port)
+            victims = [i for i, name in enumerate(ids) if name in holding]
+            if worker_kills < 30 and victims:
+                victim = rng.choice(victims)
                 workers[victim].send_signal(signal.SIGKILL)
                 workers[victim].wait(10)
-                workers[victim] = spawn_worker(port, next(names), "--give-up-after", "60")
-                born[victim] = time.monotonic()
+                ids[victim] = next(names)
+                workers[victim] = spawn_worker(port, ids[victim], "--give-up-after", "60")
                 worker_kills += 1
         assert master.wait(DEADLINE_S - (time.monotonic() - started)) == 0, log.read_text()[-3000:]
     finally:
