@@ -25,6 +25,8 @@ pytestmark = pytest.mark.slow
 
 N, K, E, GENERATIONS = 60, 3, 10, 8
 DEADLINE_S = 240
+ROUND_S = 2.0
+MAX_WORKER_KILLS = 30
 
 
 def start_master(port: int, run_dir: Path, log: Path) -> subprocess.Popen:
@@ -33,6 +35,8 @@ def start_master(port: int, run_dir: Path, log: Path) -> subprocess.Popen:
                "--generations", str(GENERATIONS), "--no-target", "--population", str(N),
                "--truncation", "5", "--elite-candidates", str(K), "--elite-episodes", str(E),
                "--lease-seconds", "2", "--checkpoint-seconds", "0.5", "--seed", "9",
+               # More attempts than kills: no task can be retired (NaN) by the kills alone.
+               "--max-task-attempts", str(MAX_WORKER_KILLS + 1),
                "--quiet"]  # fmt: skip
     return subprocess.Popen(command, env=worker_env(), cwd=REPO, stdout=log.open("ab"),
                             stderr=subprocess.STDOUT)  # fmt: skip
@@ -45,6 +49,23 @@ def lease_holders(port: int) -> set[str]:
     except StatusError:
         return set()
     return {w.worker_id for w in status.worker_status if w.tasks_leased > 0}
+
+
+def holders_within(port: int, ids: list[str], seconds: float) -> list[int]:
+    """Indices in `ids` of workers seen holding leases, polling for up to `seconds`.
+
+    Workers hold leases only while a phase runs (CartPole tasks take milliseconds, and the
+    master spends much of the run restarting), so one look every round would mostly miss.
+    """
+    # The round passes first, so kills stay at least a round apart.
+    time.sleep(seconds)
+    deadline = time.monotonic() + seconds / 2
+    while True:
+        holding = lease_holders(port)
+        victims = [i for i, name in enumerate(ids) if name in holding]
+        if victims or time.monotonic() >= deadline:
+            return victims
+        time.sleep(0.05)
 
 
 def generations_done(run_dir: Path) -> int:
@@ -66,7 +87,8 @@ def test_the_run_survives_killed_workers_and_two_master_crashes(
     try:
         while master.poll() is None or master_kills < 2:
             assert time.monotonic() - started < DEADLINE_S, log.read_text()[-3000:]
-            time.sleep(2.0)
+            # Every ~2 s, the first moment (within 1 s) some worker holds leases.
+            victims = holders_within(port, ids, ROUND_S)
             if master.poll() is not None:
                 assert master.returncode == 0, log.read_text()[-3000:]
                 break
@@ -79,9 +101,7 @@ def test_the_run_survives_killed_workers_and_two_master_crashes(
                 master = start_master(port, run_dir, log)
             # Victims hold leases right now (the master's Status says so): a worker still
             # importing torch on a loaded machine holds none, and killing it would test nothing.
-            holding = lease_holders(port)
-            victims = [i for i, name in enumerate(ids) if name in holding]
-            if worker_kills < 30 and victims:
+            if worker_kills < MAX_WORKER_KILLS and victims:
                 victim = rng.choice(victims)
                 workers[victim].send_signal(signal.SIGKILL)
                 workers[victim].wait(10)
