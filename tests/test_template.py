@@ -260,8 +260,11 @@ def test_only_the_ecr_login_names_every_resource(template: dict[str, Any]) -> No
 
 
 # ---------------------------------------------------------------- the boot scripts, run
+# One write per record: the tools of a pipeline (`aws ... | docker login`) run at once, and
+# records written in pieces would interleave in the shared log.
 STUB = """#!/bin/bash
-{{ printf '%s' "$(basename "$0")"; printf '\\t%s' "$@"; printf '\\n'; }} >> "$STUB_LOG"
+record="$(basename "$0")$(printf '\\t%s' "$@")"
+printf '%s\\n' "$record" >> "$STUB_LOG"
 {body}
 """
 STUBS = {
