@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeAlias
 import numpy as np
 
 from neuro.genome import Genome
+from neuro.observation_stats import ObservationStats
 
 OFFSPRING = "offspring"
 """The phase that evaluates a generation's new candidates."""
@@ -39,10 +40,17 @@ class Parameters:
     version: int
     theta: np.ndarray
     seeds: tuple[int, ...] = ()
+    observation_norm: tuple[np.ndarray, np.ndarray] | None = None
+    """(mean, std) float32 workers normalise observations with under this version; None: none."""
 
 
 Candidate: TypeAlias = Genome | Perturbation
 """What one evaluation plays: a seed-list genome, or a perturbation of shared parameters."""
+
+Behaviours: TypeAlias = Mapping[str, np.ndarray]
+"""Per asked key, (episodes, behaviour size) float32: each episode's behaviour
+characterisation (the Atari RAM, the env's info["bc"], or the final observation at the
+episode's end); rows of a failed evaluation are NaN."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,13 @@ class Algorithm(abc.ABC):
 
     name: ClassVar[str]
     """The registry name, recorded in checkpoints."""
+    needs_behaviours: ClassVar[bool] = False
+    """Whether tell() needs behaviour characterisations (workers then report them)."""
+
+    @property
+    def needs_observation_stats(self) -> bool:
+        """Whether tell() needs the phase's observation sums (workers then report them)."""
+        return False
 
     @property
     @abc.abstractmethod
@@ -128,9 +143,16 @@ class Algorithm(abc.ABC):
         """The evaluations the running phase needs; the same list until tell() is called."""
 
     @abc.abstractmethod
-    def tell(self, returns: Mapping[str, Sequence[float]]) -> GenerationSummary | None:
+    def tell(
+        self,
+        returns: Mapping[str, Sequence[float]],
+        behaviours: Behaviours | None = None,
+        observation_stats: ObservationStats | None = None,
+    ) -> GenerationSummary | None:
         """The episode returns of every asked key (NaN: failed); the summary if a generation ends.
 
+        `behaviours` (for an algorithm that needs_behaviours) has the same keys as `returns`;
+        `observation_stats` (when it needs_observation_stats) sums the phase's observations.
         ValueError, changing nothing, unless the keys and lengths are exactly those asked.
         """
 
@@ -161,6 +183,33 @@ def check_returns(
             raise ValueError(
                 f"{r.key} needs {r.episodes} episode returns, got {len(returns[r.key])}"
             )
+
+
+def check_behaviours(
+    requests: Sequence[EvaluationRequest], behaviours: Behaviours | None
+) -> dict[str, np.ndarray]:
+    """`behaviours` as float32 (episodes, size) arrays of one size per asked key; else ValueError."""
+    if behaviours is None:
+        raise ValueError("this algorithm needs the behaviour characterisation of each evaluation")
+    expected = {r.key for r in requests}
+    if set(behaviours) != expected:
+        missing = sorted(expected - set(behaviours))[:3]
+        extra = sorted(set(behaviours) - expected)[:3]
+        raise ValueError(
+            f"behaviours need exactly the asked keys; missing {missing}, extra {extra}"
+        )
+    checked, sizes = {}, set()
+    for r in requests:
+        array = np.asarray(behaviours[r.key], dtype=np.float32)
+        if array.ndim != 2 or array.shape[0] != r.episodes or array.shape[1] < 1:
+            raise ValueError(
+                f"{r.key} needs ({r.episodes}, size) behaviours, got shape {array.shape}"
+            )
+        sizes.add(array.shape[1])
+        checked[r.key] = array
+    if len(sizes) > 1:
+        raise ValueError(f"behaviours of one phase must share a size, got sizes {sorted(sizes)}")
+    return checked
 
 
 def check_format(document: Mapping[str, Any], expected: str) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 from master.algorithms.base import (
     OFFSPRING,
     Algorithm,
+    Behaviours,
     EvaluationRequest,
     GenerationSummary,
     Parameters,
@@ -27,6 +28,7 @@ from master.algorithms.base import (
 )
 from neuro.genome import SEED_BOUND
 from neuro.noise import noise_offset
+from neuro.observation_stats import ObservationStats
 
 THETA = "theta"
 STATE_FORMAT = "neuro.es/1"
@@ -275,7 +277,12 @@ class EvolutionStrategy(Algorithm):
         )
         return requests
 
-    def tell(self, returns: Mapping[str, Sequence[float]]) -> ESSummary:
+    def tell(
+        self,
+        returns: Mapping[str, Sequence[float]],
+        behaviours: Behaviours | None = None,
+        observation_stats: ObservationStats | None = None,
+    ) -> ESSummary:
         """Takes the returns of every asked key (NaN: failed), steps theta, starts the next."""
         requests = self.ask()
         check_returns(requests, returns)

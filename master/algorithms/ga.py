@@ -13,12 +13,14 @@ from master.algorithms.base import (
     ELITE,
     OFFSPRING,
     Algorithm,
+    Behaviours,
     EvaluationRequest,
     GenerationSummary,
     check_format,
     check_returns,
 )
 from neuro.genome import SEED_BOUND, Genome
+from neuro.observation_stats import ObservationStats
 
 STATE_FORMAT = "neuro.ga/1"
 
@@ -182,7 +184,12 @@ class GeneticAlgorithm(Algorithm):
             for i, genome in enumerate(self.state.candidates)
         ]
 
-    def tell(self, returns: Mapping[str, Sequence[float]]) -> GASummary | None:
+    def tell(
+        self,
+        returns: Mapping[str, Sequence[float]],
+        behaviours: Behaviours | None = None,
+        observation_stats: ObservationStats | None = None,
+    ) -> GASummary | None:
         """Takes the episode returns of every asked key; NaN marks a failed evaluation.
 
         Returns the generation's summary when it completes (after the ELITE phase).
