@@ -188,7 +188,7 @@ def check_returns(
 def check_behaviours(
     requests: Sequence[EvaluationRequest], behaviours: Behaviours | None
 ) -> dict[str, np.ndarray]:
-    """`behaviours` as float32 (episodes, size) arrays of one size per asked key; else ValueError."""
+    """`behaviours` as float32 (episodes, size) arrays, one size for all; else ValueError."""
     if behaviours is None:
         raise ValueError("this algorithm needs the behaviour characterisation of each evaluation")
     expected = {r.key for r in requests}
