@@ -93,6 +93,8 @@ def spec_from_task(task: pb.Task) -> EvaluationSpec:
             if task.HasField("perturbation") and (es := task.perturbation)
             else None
         ),
+        behaviour_size=task.behaviour_size,
+        observation_size=task.perturbation.observation_size,
     )
     return check_spec(spec)
 
@@ -110,8 +112,9 @@ def fetch_parameters(
 ) -> np.ndarray:
     """Streams one ES parameter version in chunks and checks it against its sha256.
 
-    `num_params` (the task's) fixes the size; the stream's declared size is checked against it
-    and MAX_PARAMS before anything accumulates.
+    `num_params` (the task's values: parameters plus any observation statistics) fixes the
+    size; the stream's declared size is checked against it and MAX_PARAMS values before anything
+    accumulates.
     """
     request = pb.ParametersRequest(
         protocol_version=pb.PROTOCOL_VERSION_CURRENT, worker_id=worker_id, version=version
@@ -311,6 +314,13 @@ class WorkerClient:
             result.episode_returns.extend(evaluation.returns)
             result.episode_frames.extend(evaluation.frames)
             result.frames = sum(evaluation.frames)
+            if evaluation.behaviours is not None:
+                result.behaviours.extend(np.concatenate(evaluation.behaviours).tolist())
+            if evaluation.observations is not None:
+                sums = result.observation_sums
+                sums.count = evaluation.observations.count
+                sums.sum.extend(evaluation.observations.total.tolist())
+                sums.sum_of_squares.extend(evaluation.observations.squares.tolist())
             self.counters.tasks_done += 1
             self.counters.frames += result.frames
             results.append(result)
@@ -512,7 +522,8 @@ class WorkerClient:
                             self.worker_id,
                             es.version,
                             es.parameters_sha256,
-                            es.num_params or None,  # 0: a master that does not say
+                            # 0: a master that does not say
+                            es.num_params + 2 * es.observation_size if es.num_params else None,
                         )
                     except ParametersUnavailable:
                         continue  # a finished update: the master no longer wants this task

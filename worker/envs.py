@@ -44,9 +44,14 @@ class EnvPool:
     def __repr__(self) -> str:
         return f"EnvPool({self.atari_engine}, free={sum(map(len, self._free.values()))})"
 
-    def take(self, env_id: str, dynamics: str = PAPER) -> EnvHandle:
-        """A free env of this id and dynamics, or a new one; EnvBuildError if none can be built."""
-        if self.atari_engine == VECTOR and dynamics == PAPER and self._is_atari(env_id):
+    def take(self, env_id: str, dynamics: str = PAPER, behaviour: bool = False) -> EnvHandle:
+        """A free env of this id and dynamics, or a new one; EnvBuildError if none can be built.
+
+        `behaviour`: the episodes need a behaviour characterisation, which for Atari is the
+        RAM that only the gymnasium engine exposes.
+        """
+        vector = self.atari_engine == VECTOR and not behaviour
+        if vector and dynamics == PAPER and self._is_atari(env_id):
             return self._take_sub_env(env_id)
         free = self._free[(env_id, dynamics)]
         return free.pop() if free else build_env(env_id, dynamics)

@@ -14,6 +14,7 @@ from neuro.decode import CacheBudget, GenomeDecoder
 from neuro.envs.make import PAPER, EnvHandle
 from neuro.layout import check_parameter_count
 from neuro.noise import NoiseTableSpec, load_noise_table, noise_offset
+from neuro.observation_stats import ObservationStats
 from neuro.shared_store import SharedVectorStore
 from worker.envs import GYM, EnvPool
 from worker.envs import EnvBuildError as EnvBuildError  # the client and tests import it here
@@ -42,6 +43,11 @@ class EvaluationSpec:
     parameters_sha256: str | None = None
     inference_dtype: str = "float32"
     """Precision of the forward pass (after the float32 decode): float32 or bfloat16."""
+    behaviour_size: int = 0
+    """> 0: each episode reports its behaviour characterisation of this many values."""
+    observation_size: int = 0
+    """ES with observation normalisation: the fetched version ends with the observation mean
+    and std (this many values each), and the task reports its observations' sums."""
 
 
 def perturbed_parameters(
@@ -54,6 +60,17 @@ def perturbed_parameters(
         return theta.copy()
     step = np.multiply(table[offset : offset + n], np.float32(sigma))
     return np.add(theta, np.multiply(step, np.float32(sign)))
+
+
+def _without_statistics(stored: np.ndarray, num_params: int, observation_size: int) -> np.ndarray:
+    """The parameters of an ES vector that may end with observation mean and std; ValueError
+    unless its length is exactly that."""
+    if stored.size != num_params + 2 * observation_size:
+        extra = f" + 2 x {observation_size} observation statistics" if observation_size else ""
+        raise ValueError(
+            f"ES parameters have {stored.size} values, expected {num_params} (the policy's)" + extra
+        )
+    return stored[:num_params]
 
 
 def load_parameters_file(path: str, sha256: str | None = None) -> np.ndarray:
@@ -70,11 +87,25 @@ def load_parameters_file(path: str, sha256: str | None = None) -> np.ndarray:
 class Evaluation:
     returns: list[float]
     frames: list[int]
+    behaviours: list[np.ndarray] | None = None
+    """Each episode's behaviour characterisation, when the task asks for them."""
+    observations: ObservationStats | None = None
+    """The sums of every observation the policy was fed, when the task asks for them."""
 
     @classmethod
     def of(cls, episodes: Sequence[EpisodeResult]) -> Evaluation:
-        """The returns and emulator frames of a task's episodes, in play order."""
-        return cls([e.total_reward for e in episodes], [e.frames for e in episodes])
+        """The returns, frames (and behaviours, observation sums) of a task's episodes."""
+        behaviours = [e.behaviour for e in episodes]
+        sums = [e.observations for e in episodes if e.observations is not None]
+        total = None
+        for stats in sums:
+            total = stats if total is None else total + stats
+        return cls(
+            [e.total_reward for e in episodes],
+            [e.frames for e in episodes],
+            behaviours if all(b is not None for b in behaviours) and behaviours else None,
+            total,
+        )
 
 
 MAX_DECODERS = 8
@@ -130,28 +161,61 @@ class Evaluator:
     def parameters(self, spec: EvaluationSpec, policy: Policy) -> np.ndarray:
         """The flat parameters a spec names: a saved file, an ES perturbation or a genome."""
         if spec.parameters_file is not None:
-            return load_parameters_file(spec.parameters_file, spec.parameters_sha256)
+            saved = load_parameters_file(spec.parameters_file, spec.parameters_sha256)
+            return _without_statistics(saved, policy.num_params, spec.observation_size)
         if spec.perturbation is not None:
             check_parameter_count(policy.num_params, spec.noise_table.size)  # before building it
-            version, index, sign, sigma = spec.perturbation
-            with self._es_lock:
-                theta = self._es_parameters.get(version)
-            if theta is None:
-                raise ValueError(f"ES parameters of version {version} were not fetched")
-            if theta.size != policy.num_params:
-                raise ValueError(f"ES parameters have {theta.size} values, policy has "
-                                 f"{policy.num_params}")  # fmt: skip
+            _, index, sign, sigma = spec.perturbation
+            theta = _without_statistics(
+                self._fetched(spec), policy.num_params, spec.observation_size
+            )
             table = load_noise_table(spec.noise_table, self._noise_cache_dir)
             return perturbed_parameters(theta, table, index, sign, sigma)
         return self.decoder(spec, policy).decode(spec.seeds)
 
+    def _fetched(self, spec: EvaluationSpec) -> np.ndarray:
+        assert spec.perturbation is not None
+        version = spec.perturbation[0]
+        with self._es_lock:
+            fetched = self._es_parameters.get(version)
+        if fetched is None:
+            raise ValueError(f"ES parameters of version {version} were not fetched")
+        return fetched
+
+    def observation_norm(
+        self, spec: EvaluationSpec, policy: Policy
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(mean, std) the policy normalises observations with under `spec`; None: none."""
+        if not spec.observation_size:
+            return None
+        if spec.parameters_file is not None:
+            stored = load_parameters_file(spec.parameters_file, spec.parameters_sha256)
+        elif spec.perturbation is not None:
+            stored = self._fetched(spec)
+        else:
+            raise ValueError("observation statistics come only with ES parameters")
+        n, size = policy.num_params, spec.observation_size
+        _without_statistics(stored, n, size)  # checks the length
+        mean, std = stored[n : n + size], stored[n + size :]
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std)) and np.all(std > 0)):
+            raise ValueError("ES observation statistics must be finite, with std > 0")
+        return mean, std
+
+    def load(self, spec: EvaluationSpec, policy: Policy) -> None:
+        """Loads the parameters (and observation normaliser) `spec` names into `policy`."""
+        policy.load_parameters(self.parameters(spec, policy))
+        policy.observation_norm = self.observation_norm(spec, policy)
+
     def evaluate(self, spec: EvaluationSpec) -> Evaluation:
         """Plays spec.episodes episodes; the first reset is seeded with spec.env_seed."""
-        handle = self._envs.take(spec.env_id, spec.atari_dynamics)
+        handle = self._envs.take(spec.env_id, spec.atari_dynamics, spec.behaviour_size > 0)
         try:
             policy = self._policy(spec, handle)
-            policy.load_parameters(self.parameters(spec, policy))
-            episodes = play(policy, handle, spec.episodes, spec.max_episode_steps, spec.env_seed)
+            self.load(spec, policy)
+            episodes = play(
+                policy, handle, spec.episodes, spec.max_episode_steps, spec.env_seed,
+                behaviour_size=spec.behaviour_size, observation_sums=bool(spec.observation_size),
+            )  # fmt: skip
         finally:
             self._envs.give(spec.env_id, spec.atari_dynamics, handle)
         return Evaluation.of(episodes)

@@ -6,6 +6,7 @@ the worker reports it with an error naming the value and takes the next one.
 
 from __future__ import annotations
 
+from neuro.envs.behaviour import MAX_BEHAVIOUR_SIZE
 from neuro.layout import (
     ARCHITECTURES,
     ATARI_SHAPE,
@@ -15,6 +16,7 @@ from neuro.layout import (
     parameter_count,
     parameter_layout,
 )
+from neuro.observation_stats import MAX_OBSERVATION_SIZE
 from worker.evaluator import EvaluationSpec
 
 __all__ = [
@@ -67,6 +69,8 @@ def check_spec(spec: EvaluationSpec) -> EvaluationSpec:
     _check_range("number of hidden layers", len(spec.hidden_sizes), 0, MAX_HIDDEN_LAYERS)
     for width in spec.hidden_sizes:
         _check_range("hidden layer width", width, 1, MAX_HIDDEN_WIDTH)
+    _check_range("behaviour size", spec.behaviour_size, 0, MAX_BEHAVIOUR_SIZE)
+    _check_range("observation size", spec.observation_size, 0, MAX_OBSERVATION_SIZE)
     if spec.inference_dtype not in INFERENCE_DTYPES:
         raise ValueError(
             f"inference dtype {spec.inference_dtype!r} is not one of {', '.join(INFERENCE_DTYPES)}"

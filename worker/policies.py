@@ -32,6 +32,7 @@ from neuro.layout import (
     parameter_count,
     parameter_layout,
 )
+from neuro.observation_stats import normalise
 
 __all__ = [
     "ARCHITECTURES",
@@ -134,6 +135,8 @@ class Policy:
                 f"inference dtype {inference_dtype!r} is not one of {', '.join(INFERENCE_DTYPES)}"
             )
         self.inference_dtype = inference_dtype
+        self.observation_norm: tuple[np.ndarray, np.ndarray] | None = None
+        """(mean, std): observations are fed as clip((x - mean) / std, +-5) (ES runs)."""
         self.module = module.eval()
         self.observation_shape = observation_shape
         self.action_space = action_space
@@ -224,6 +227,9 @@ class Policy:
             raise ValueError(
                 f"observation batch shape {obs.shape} does not match {self.observation_shape}"
             )
+        if self.observation_norm is not None:
+            mean, std = self.observation_norm
+            obs = normalise(obs, mean, std).reshape(obs.shape)
         if not (obs.flags.writeable and obs.flags.c_contiguous):
             # torch.from_numpy warns on read-only arrays (e.g. replay of a memmap).
             obs = np.array(obs, order="C")

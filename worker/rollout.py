@@ -15,7 +15,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from neuro.envs.behaviour import behaviour_of
+from neuro.envs.behaviour import behaviour_size as env_behaviour_size
 from neuro.envs.make import EnvHandle
+from neuro.observation_stats import ObservationStats
 
 
 class Actor(Protocol):
@@ -56,6 +59,10 @@ class EpisodeResult:
     total_reward: float
     steps: int
     frames: int
+    behaviour: np.ndarray | None = None
+    """The episode's behaviour characterisation (see neuro.envs.behaviour), if asked for."""
+    observations: ObservationStats | None = None
+    """Sums of the observations the actor was fed this episode, if asked for."""
 
 
 @dataclass(eq=False)
@@ -68,6 +75,10 @@ class _Lane:
     max_steps: int
     discrete: bool
     observation: Any
+    behaviour_size: int = 0
+    sums: list[Any] | None = None
+    """[count, sum, sum of squares] of the observations fed this episode, when collected."""
+    info: dict[str, Any] = field(default_factory=dict)
     action: Any = None
     total: float = 0.0
     steps: int = 0
@@ -99,15 +110,35 @@ class Rollout:
         episodes: int = 1,
         max_steps: int = 0,
         seed: int | None = None,
+        behaviour_size: int = 0,
+        observation_sums: bool = False,
     ) -> None:
-        """Resets the env (seeded) for `episodes` episodes of <= `max_steps` steps (0: no cap)."""
+        """Resets the env (seeded) for `episodes` episodes of <= `max_steps` steps (0: no cap).
+
+        `behaviour_size` > 0: each episode records its behaviour characterisation, which must
+        have that many values; `observation_sums`: each records the sums of its observations.
+        """
         if key in self._lanes:
             raise ValueError(f"a run {key!r} is already playing")
         if episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {episodes}")
-        observation, _ = handle.env.reset(seed=seed)
+        if behaviour_size:
+            if getattr(handle.env, "group", None) is not None:
+                raise ValueError("a vector env's sub-env has no behaviour characterisation (RAM)")
+            produced = env_behaviour_size(handle.env, handle.atari)
+            if produced != behaviour_size:
+                raise ValueError(
+                    f"the task asks for behaviours of {behaviour_size} values; this env's have "
+                    f"{produced}"
+                )
+        observation, info = handle.env.reset(seed=seed)
         discrete = handle.env.action_space.shape == ()
-        self._lanes[key] = _Lane(handle, actor, episodes, max_steps, discrete, observation)
+        lane = _Lane(handle, actor, episodes, max_steps, discrete, observation, behaviour_size)
+        lane.info = info
+        if observation_sums:
+            size = int(np.size(observation))
+            lane.sums = [0, np.zeros(size), np.zeros(size)]
+        self._lanes[key] = lane
 
     def remove(self, key: Hashable) -> bool:
         """Abandons a run mid-episode; False if there is none under `key`."""
@@ -123,6 +154,12 @@ class Rollout:
         started = time.perf_counter()
         for lanes in by_actor.values():
             batch = np.stack([lane.observation for lane in lanes])
+            for row, lane in enumerate(lanes):
+                if lane.sums is not None:
+                    observed = batch[row].astype(np.float64).ravel()
+                    lane.sums[0] += 1
+                    lane.sums[1] += observed
+                    lane.sums[2] += observed * observed
             for lane, action in zip(lanes, lanes[0].actor.act_batch(batch), strict=True):
                 lane.action = action
             self.timers.forward_calls += 1
@@ -137,8 +174,8 @@ class Rollout:
                 continue
             # Envs check actions against their space: a Discrete one wants an int.
             action = int(lane.action) if lane.discrete else lane.action
-            observation, reward, terminated, truncated, _ = lane.handle.env.step(action)
-            lane.observation = observation
+            observation, reward, terminated, truncated, info = lane.handle.env.step(action)
+            lane.observation, lane.info = observation, info
             if self._after_step(lane, float(reward), bool(terminated or truncated)):
                 del self._lanes[key]
                 finished.append((key, lane.results))
@@ -182,13 +219,27 @@ class Rollout:
     def _end_episode(self, lane: _Lane) -> bool:
         """Records the episode; starts the run's next one. True when the run is done."""
         frames = lane.handle.frames_used(lane.steps)
-        lane.results.append(EpisodeResult(lane.total, lane.steps, frames))
+        behaviour = observations = None
+        if lane.behaviour_size:
+            handle = lane.handle
+            behaviour = behaviour_of(handle.env, handle.atari, lane.observation, lane.info)
+            if behaviour.size != lane.behaviour_size or not np.all(np.isfinite(behaviour)):
+                raise ValueError(
+                    f"the env's behaviour characterisation has {behaviour.size} values (finite: "
+                    f"{bool(np.all(np.isfinite(behaviour)))}); the task asks for "
+                    f"{lane.behaviour_size} finite values"
+                )
+        if lane.sums is not None:
+            count, total, squares = lane.sums
+            observations = ObservationStats(float(count), total, squares)
+            lane.sums = [0, np.zeros_like(total), np.zeros_like(squares)]
+        lane.results.append(EpisodeResult(lane.total, lane.steps, frames, behaviour, observations))
         self.timers.episodes += 1
         lane.total, lane.steps = 0.0, 0
         if len(lane.results) == lane.episodes:
             return True
         # Later episodes continue the env's RNG from the run's one seeded reset.
-        lane.observation, _ = lane.handle.env.reset()
+        lane.observation, lane.info = lane.handle.env.reset()
         return False
 
 
@@ -199,10 +250,12 @@ def play(
     max_steps: int = 0,
     seed: int | None = None,
     timers: StepTimers | None = None,
+    behaviour_size: int = 0,
+    observation_sums: bool = False,
 ) -> list[EpisodeResult]:
     """Plays one run of `episodes` episodes in one env (the replay and video path)."""
     rollout = Rollout(timers)
-    rollout.add("run", handle, actor, episodes, max_steps, seed)
+    rollout.add("run", handle, actor, episodes, max_steps, seed, behaviour_size, observation_sums)
     return rollout.run()["run"]
 
 

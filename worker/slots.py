@@ -76,7 +76,7 @@ class SlotRunner:
         """Takes a task into a free slot; EnvBuildError if its env cannot be built here."""
         if not self.free:
             raise RuntimeError(f"no free slot for {task_id}: {self!r}")
-        handle = self._envs.take(spec.env_id, spec.atari_dynamics)
+        handle = self._envs.take(spec.env_id, spec.atari_dynamics, spec.behaviour_size > 0)
         # The first five fields make a network's shape and dtype (spares are reused by them).
         genome_key = (spec.architecture, spec.hidden_sizes, spec.env_id, spec.atari_dynamics,
                       spec.inference_dtype, spec.noise_table, spec.mutation_power, spec.seeds,
@@ -89,7 +89,8 @@ class SlotRunner:
         self._tasks[task_id] = _Task(task, spec, handle, genome_key)
         try:
             self._rollout.add(task_id, handle, policy, spec.episodes, spec.max_episode_steps,
-                              spec.env_seed)  # fmt: skip
+                              spec.env_seed, spec.behaviour_size,
+                              bool(spec.observation_size))  # fmt: skip
         except BaseException:
             self._release(task_id)
             raise
@@ -129,7 +130,7 @@ class SlotRunner:
             )
         )
         started = time.perf_counter()
-        policy.load_parameters(self.evaluator.parameters(spec, policy))
+        self.evaluator.load(spec, policy)
         self.timers.decode_s += time.perf_counter() - started
         self._loaded[key] = _LoadedPolicy(policy, 1)
         return policy

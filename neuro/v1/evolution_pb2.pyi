@@ -73,7 +73,7 @@ class PolicySpec(_message.Message):
     def __init__(self, architecture: _Optional[str] = ..., hidden_sizes: _Optional[_Iterable[int]] = ..., inference_dtype: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "run_id", "genome", "env", "policy", "episodes", "max_episode_steps", "env_seed", "lease_seconds", "perturbation")
+    __slots__ = ("task_id", "run_id", "genome", "env", "policy", "episodes", "max_episode_steps", "env_seed", "lease_seconds", "perturbation", "behaviour_size")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     GENOME_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class Task(_message.Message):
     ENV_SEED_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PERTURBATION_FIELD_NUMBER: _ClassVar[int]
+    BEHAVIOUR_SIZE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     run_id: str
     genome: Genome
@@ -94,23 +95,26 @@ class Task(_message.Message):
     env_seed: int
     lease_seconds: float
     perturbation: EsPerturbation
-    def __init__(self, task_id: _Optional[str] = ..., run_id: _Optional[str] = ..., genome: _Optional[_Union[Genome, _Mapping]] = ..., env: _Optional[_Union[EnvSpec, _Mapping]] = ..., policy: _Optional[_Union[PolicySpec, _Mapping]] = ..., episodes: _Optional[int] = ..., max_episode_steps: _Optional[int] = ..., env_seed: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., perturbation: _Optional[_Union[EsPerturbation, _Mapping]] = ...) -> None: ...
+    behaviour_size: int
+    def __init__(self, task_id: _Optional[str] = ..., run_id: _Optional[str] = ..., genome: _Optional[_Union[Genome, _Mapping]] = ..., env: _Optional[_Union[EnvSpec, _Mapping]] = ..., policy: _Optional[_Union[PolicySpec, _Mapping]] = ..., episodes: _Optional[int] = ..., max_episode_steps: _Optional[int] = ..., env_seed: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., perturbation: _Optional[_Union[EsPerturbation, _Mapping]] = ..., behaviour_size: _Optional[int] = ...) -> None: ...
 
 class EsPerturbation(_message.Message):
-    __slots__ = ("version", "noise_index", "sign", "sigma", "num_params", "parameters_sha256")
+    __slots__ = ("version", "noise_index", "sign", "sigma", "num_params", "parameters_sha256", "observation_size")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NOISE_INDEX_FIELD_NUMBER: _ClassVar[int]
     SIGN_FIELD_NUMBER: _ClassVar[int]
     SIGMA_FIELD_NUMBER: _ClassVar[int]
     NUM_PARAMS_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_SIZE_FIELD_NUMBER: _ClassVar[int]
     version: int
     noise_index: int
     sign: int
     sigma: float
     num_params: int
     parameters_sha256: str
-    def __init__(self, version: _Optional[int] = ..., noise_index: _Optional[int] = ..., sign: _Optional[int] = ..., sigma: _Optional[float] = ..., num_params: _Optional[int] = ..., parameters_sha256: _Optional[str] = ...) -> None: ...
+    observation_size: int
+    def __init__(self, version: _Optional[int] = ..., noise_index: _Optional[int] = ..., sign: _Optional[int] = ..., sigma: _Optional[float] = ..., num_params: _Optional[int] = ..., parameters_sha256: _Optional[str] = ..., observation_size: _Optional[int] = ...) -> None: ...
 
 class ParametersRequest(_message.Message):
     __slots__ = ("protocol_version", "worker_id", "version")
@@ -161,20 +165,34 @@ class LeaseResponse(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., retry_after_ms: _Optional[int] = ..., run_complete: _Optional[bool] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class TaskResult(_message.Message):
-    __slots__ = ("task_id", "run_id", "episode_returns", "episode_frames", "frames", "error")
+    __slots__ = ("task_id", "run_id", "episode_returns", "episode_frames", "frames", "error", "behaviours", "observation_sums")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     EPISODE_RETURNS_FIELD_NUMBER: _ClassVar[int]
     EPISODE_FRAMES_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    BEHAVIOURS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_SUMS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     run_id: str
     episode_returns: _containers.RepeatedScalarFieldContainer[float]
     episode_frames: _containers.RepeatedScalarFieldContainer[int]
     frames: int
     error: str
-    def __init__(self, task_id: _Optional[str] = ..., run_id: _Optional[str] = ..., episode_returns: _Optional[_Iterable[float]] = ..., episode_frames: _Optional[_Iterable[int]] = ..., frames: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    behaviours: _containers.RepeatedScalarFieldContainer[float]
+    observation_sums: ObservationSums
+    def __init__(self, task_id: _Optional[str] = ..., run_id: _Optional[str] = ..., episode_returns: _Optional[_Iterable[float]] = ..., episode_frames: _Optional[_Iterable[int]] = ..., frames: _Optional[int] = ..., error: _Optional[str] = ..., behaviours: _Optional[_Iterable[float]] = ..., observation_sums: _Optional[_Union[ObservationSums, _Mapping]] = ...) -> None: ...
+
+class ObservationSums(_message.Message):
+    __slots__ = ("count", "sum", "sum_of_squares")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    SUM_OF_SQUARES_FIELD_NUMBER: _ClassVar[int]
+    count: float
+    sum: _containers.RepeatedScalarFieldContainer[float]
+    sum_of_squares: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, count: _Optional[float] = ..., sum: _Optional[_Iterable[float]] = ..., sum_of_squares: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("protocol_version", "worker_id", "results")
