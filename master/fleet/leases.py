@@ -59,6 +59,8 @@ class _Record:
     lease: _Lease | None = None
     returns: tuple[float, ...] | None = None
     frames: int = 0
+    extras: object = None
+    """What else the accepted result carried (the fleet's business), None if nothing."""
     attempts: int = 0
     errors: list[str] = field(default_factory=list)
     queued: int = 0
@@ -197,6 +199,7 @@ class LeaseTable:
         returns: Sequence[float],
         frames: int,
         worker_id: str | None = None,
+        extras: object = None,
     ) -> Disposition:
         """Records a finished task; a second report of the same task is a harmless duplicate.
 
@@ -216,6 +219,7 @@ class LeaseTable:
                 f"task {task_id} has {record.task.episodes} episodes, got {len(returns)} returns"
             )
         self._finish(record, tuple(map(float, returns)), frames)
+        record.extras = extras
         return Disposition.ACCEPTED
 
     def fail_task(self, task_id: str, error: str, worker_id: str | None = None) -> Disposition:
@@ -276,6 +280,18 @@ class LeaseTable:
             for task_id, record in self._records.items()
             if record.returns is not None
         }
+
+    def extras(self) -> dict[str, object]:
+        """What recorded tasks carried besides returns and frames: id -> extras (if any)."""
+        return {
+            task_id: record.extras
+            for task_id, record in self._records.items()
+            if record.extras is not None
+        }
+
+    def tasks(self) -> list[PhaseTask]:
+        """The phase's tasks, in the order results() joins them."""
+        return [record.task for record in self._records.values()]
 
     @property
     def frames(self) -> int:

@@ -10,7 +10,9 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from master.algorithms.base import EvaluationRequest
 from master.fleet.leases import (
@@ -20,6 +22,7 @@ from master.fleet.leases import (
     PhaseTask,
     bounded_error,
 )
+from neuro.observation_stats import ObservationStats
 
 log = logging.getLogger(__name__)
 WORKER_SEEN_WINDOW_S = 60.0
@@ -47,6 +50,46 @@ class PhaseOutcome:
     returns: dict[str, list[float]]
     frames: int
     episodes: int
+    behaviours: dict[str, np.ndarray] | None = None
+    """Per request key, (episodes, behaviour_size) float32; NaN rows where evaluation failed.
+    None unless the run asks for behaviours."""
+    observations: ObservationStats | None = None
+    """The sums of the phase's observations (accepted results only); None if none came."""
+
+
+class TaskExtras(NamedTuple):
+    """What an accepted result carried besides returns and frames."""
+
+    behaviours: np.ndarray | None = None
+    """(episodes, behaviour_size) float32."""
+    observations: ObservationStats | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {}
+        if self.behaviours is not None:
+            document["behaviours"] = self.behaviours.tolist()
+        if self.observations is not None:
+            stats = self.observations
+            document["observations"] = {
+                "count": stats.count,
+                "sum": stats.total.tolist(),
+                "sum_of_squares": stats.squares.tolist(),
+            }
+        return document
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> TaskExtras:
+        """Inverse of to_json (float32 behaviours round-trip exactly through JSON's doubles)."""
+        behaviours = document.get("behaviours")
+        stats = document.get("observations")
+        return cls(
+            None if behaviours is None else np.array(behaviours, dtype=np.float32),
+            None
+            if stats is None
+            else ObservationStats(
+                float(stats["count"]), np.array(stats["sum"]), np.array(stats["sum_of_squares"])
+            ),
+        )
 
 
 class TaskOutcome(NamedTuple):
@@ -56,6 +99,9 @@ class TaskOutcome(NamedTuple):
     returns: Sequence[float]
     frames: int
     error: str = ""
+    behaviours: np.ndarray | None = None
+    """(episodes, behaviour_size) float32, when the run asks for behaviours."""
+    observations: ObservationStats | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +112,8 @@ class FleetSettings:
     max_attempts: int = 5
     episodes_per_task: int = 1
     retry_after_ms: int = 200
+    behaviour_size: int = 0
+    """> 0: results carry each episode's behaviour characterisation of this size."""
 
 
 def env_seed_for(run_seed: int, task_id: str) -> int:
@@ -284,6 +332,7 @@ class Fleet:
         self._clock = clock
         self._table: LeaseTable | None = None
         self._interrupted: dict[str, tuple[tuple[float, ...], int]] = {}
+        self._interrupted_extras: dict[str, TaskExtras] = {}
         self._phase_done = asyncio.Event()
         self.roster = WorkerRoster()
         """Per-worker figures (contacts, work, rate) for Status and /metrics."""
@@ -298,19 +347,22 @@ class Fleet:
         self,
         requests: Sequence[EvaluationRequest],
         recorded: Mapping[str, tuple[Sequence[float], int]] | None = None,
+        recorded_extras: Mapping[str, TaskExtras] | None = None,
     ) -> PhaseOutcome:
         """Hands the requests out as tasks and waits until every one is recorded.
 
         `recorded` holds tasks of this phase already done before a restart (from a
-        checkpoint); they are not handed out again.
+        checkpoint), with what else they carried in `recorded_extras`; they are not handed
+        out again.
         """
         if self._table is not None:
             raise RuntimeError("a phase is already running")
         tasks = split_into_tasks(requests, self.settings)
         table = LeaseTable(tasks, self.settings.lease_seconds, self.settings.max_attempts)
+        extras = recorded_extras or {}
         for task_id, (returns, frames) in (recorded or {}).items():
             if task_id in table:
-                table.complete_task(task_id, returns, frames)
+                table.complete_task(task_id, returns, frames, extras=extras.get(task_id))
         self._phase_done.clear()
         self._table = table
         try:
@@ -327,11 +379,36 @@ class Fleet:
             self.reissued_total += table.reissued
             # Cancelled mid-phase (shutdown): what was recorded still goes into the checkpoint.
             self._interrupted = {} if table.complete else table.done()
+            self._interrupted_extras = {} if table.complete else table.extras()
         # Only the last phase's ids are kept: enough to tell a late duplicate from a stranger
         # without growing with the run.
         self._finished_task_ids = {t.task_id for t in tasks}
         episodes = sum(t.episodes for t in tasks)
-        return PhaseOutcome(table.results(), table.frames, episodes)
+        behaviours, observations = self._extras_of(table)
+        return PhaseOutcome(table.results(), table.frames, episodes, behaviours, observations)
+
+    def _extras_of(
+        self, table: LeaseTable
+    ) -> tuple[dict[str, np.ndarray] | None, ObservationStats | None]:
+        """The phase's behaviours per request key and its summed observations."""
+        extras = table.extras()
+        observations = None
+        for extra in extras.values():
+            if extra.observations is not None:
+                stats = extra.observations
+                observations = stats if observations is None else observations + stats
+        size = self.settings.behaviour_size
+        if not size:
+            return None, observations
+        rows: dict[str, list[np.ndarray]] = {}
+        for task in table.tasks():
+            extra = extras.get(task.task_id)
+            if extra is None or extra.behaviours is None:  # failed: no behaviour to compare
+                block = np.full((task.episodes, size), np.nan, dtype=np.float32)
+            else:
+                block = extra.behaviours
+            rows.setdefault(task.request_key, []).append(block)
+        return {key: np.concatenate(blocks) for key, blocks in rows.items()}, observations
 
     def lease(self, worker_id: str, max_tasks: int) -> list[PhaseTask]:
         self._seen(worker_id)
@@ -351,7 +428,7 @@ class Fleet:
         if table is None:
             self._seen(worker_id)
             return [self._unknown(outcome.task_id) for outcome in outcomes]
-        for task_id, returns, _, error in outcomes:
+        for task_id, returns, _, error, *_ in outcomes:
             expected = table.episodes_of(task_id)
             if not error and expected is not None and expected != len(returns):
                 raise ValueError(
@@ -362,13 +439,16 @@ class Fleet:
         dispositions = []
         episodes_accepted = frames_accepted = 0
         try:
-            for task_id, returns, frames, error in outcomes:
+            for task_id, returns, frames, error, behaviours, observations in outcomes:
                 if error:
                     disposition = table.fail_task(task_id, error, worker_id)
                     if disposition is Disposition.ACCEPTED:
                         self._log_failure(worker_id, task_id, error)
                 else:
-                    disposition = table.complete_task(task_id, returns, frames, worker_id)
+                    extras = None
+                    if behaviours is not None or observations is not None:
+                        extras = TaskExtras(behaviours, observations)
+                    disposition = table.complete_task(task_id, returns, frames, worker_id, extras)
                     if disposition is Disposition.ACCEPTED:
                         episodes_accepted += len(returns)
                         frames_accepted += frames
@@ -405,6 +485,12 @@ class Fleet:
     def recorded(self) -> dict[str, tuple[tuple[float, ...], int]]:
         """The current (or an interrupted) phase's recorded tasks; empty between phases."""
         return self._table.done() if self._table is not None else dict(self._interrupted)
+
+    def recorded_extras(self) -> dict[str, TaskExtras]:
+        """What the recorded tasks carried besides returns (behaviours, observation sums)."""
+        if self._table is not None:
+            return self._table.extras()  # type: ignore[return-value]
+        return dict(self._interrupted_extras)
 
     def counters(self) -> LeaseCounters:
         if self._table is None:

@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from master.algorithms.base import Parameters, Perturbation
 from master.fleet.leases import Disposition, PhaseTask
 from master.fleet.scheduler import Fleet, TaskOutcome, WorkerStats
+from neuro.observation_stats import ObservationStats
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
 from neuro.wire import MAX_MESSAGE_BYTES, worker_id_problem
@@ -38,11 +40,18 @@ PARAMETER_CHUNK_BYTES = 2**20
 
 
 class ParameterStore:
-    """The ES's current parameters as wire bytes and sha256, computed once per version."""
+    """The ES's current parameters as wire bytes and sha256, computed once per version.
+
+    With observation normalisation the bytes are theta, then the observation mean and std.
+    """
 
     def __init__(self, current: Callable[[], Parameters]) -> None:
         self._current = current
         self._cached: tuple[int, bytes, str] | None = None
+
+    def observation_norm(self) -> tuple[Any, Any] | None:
+        """The current version's observation (mean, std), if the run normalises observations."""
+        return self._current().observation_norm
 
     def get(self, version: int | None = None) -> tuple[int, bytes, str] | None:
         """(version, float32 little-endian bytes, sha256); None if `version` is not current."""
@@ -50,7 +59,8 @@ class ParameterStore:
         if version is not None and version != parameters.version:
             return None
         if self._cached is None or self._cached[0] != parameters.version:
-            data = parameters.theta.astype("<f4").tobytes()
+            vectors = [parameters.theta, *(parameters.observation_norm or ())]
+            data = b"".join(v.astype("<f4").tobytes() for v in vectors)
             self._cached = (parameters.version, data, hashlib.sha256(data).hexdigest())
         return self._cached
 
@@ -76,6 +86,11 @@ class TaskTemplate:
     lease_seconds: float
     parameters: ParameterStore | None = None
     """ES runs: where perturbation tasks' parameters come from."""
+    behaviour_size: int = 0
+    """Novelty search: the behaviour characterisation's size each episode reports."""
+    observation_size: int = 0
+    """ES with observation normalisation: the size of the observation sums each task reports
+    (and of the mean and std that follow theta in a version's bytes)."""
 
     @functools.cached_property
     def _prototype(self) -> pb.Task:
@@ -86,6 +101,7 @@ class TaskTemplate:
             policy=self.policy,
             max_episode_steps=self.max_episode_steps,
             lease_seconds=self.lease_seconds,
+            behaviour_size=self.behaviour_size,
         )
 
     def add_tasks(self, response: pb.LeaseResponse, granted: Sequence[PhaseTask]) -> None:
@@ -112,7 +128,9 @@ class TaskTemplate:
         version, data, sha256 = current
         es = task.perturbation
         es.version, es.noise_index, es.sign = version, perturbation.noise_index, perturbation.sign
-        es.sigma, es.num_params, es.parameters_sha256 = self.mutation_power, len(data) // 4, sha256
+        es.sigma, es.parameters_sha256 = self.mutation_power, sha256
+        es.num_params = len(data) // 4 - 2 * self.observation_size
+        es.observation_size = self.observation_size
 
 
 class EvolutionService(pb_grpc.EvolutionServicer):
@@ -166,12 +184,27 @@ class EvolutionService(pb_grpc.EvolutionServicer):
         # field is read once: every read of a protobuf field makes a new Python object.
         run_id = self._template.run_id
         outcomes, this_run = [], []
+        template = self._template
         for result in request.results:
             task_id, error, returns = result.task_id, result.error, tuple(result.episode_returns)
-            problem = _result_problem(result, task_id, error, returns)
+            problem = _result_problem(result, task_id, error, returns) or _extras_problem(
+                result, task_id, error, len(returns), template
+            )
             if problem:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-            outcomes.append(TaskOutcome(task_id, returns, result.frames, error))
+            behaviours = observations = None
+            if not error and template.behaviour_size:
+                behaviours = np.array(result.behaviours, dtype=np.float32).reshape(
+                    len(returns), template.behaviour_size
+                )
+            if not error and template.observation_size:
+                sums = result.observation_sums
+                observations = ObservationStats(
+                    sums.count, np.array(sums.sum), np.array(sums.sum_of_squares)
+                )
+            outcomes.append(
+                TaskOutcome(task_id, returns, result.frames, error, behaviours, observations)
+            )
             this_run.append(result.run_id == run_id)
         ours = [outcome for outcome, ok in zip(outcomes, this_run, strict=True) if ok]
         try:
@@ -364,6 +397,43 @@ async def _checked_task_ids(request, context: grpc.aio.ServicerContext) -> list[
                 f"task_id must be 1-{MAX_ID_LENGTH} characters, got {task_id[:80]!r}",
             )
     return task_ids
+
+
+def _extras_problem(
+    result: pb.TaskResult, task_id: str, error: str, episodes: int, template: TaskTemplate
+) -> str | None:
+    """Why a result's behaviours or observation sums (bounded by the run's sizes) are refused."""
+    if error:
+        return None
+    name = task_id[:80]
+    expected = episodes * template.behaviour_size
+    if len(result.behaviours) != expected:
+        return (
+            f"task {name}: {len(result.behaviours)} behaviour values, the run expects "
+            f"{template.behaviour_size} per episode x {episodes} episodes"
+        )
+    if expected and not np.all(np.isfinite(np.array(result.behaviours, dtype=np.float32))):
+        return f"task {name}: behaviour values must be finite"
+    has_sums = result.HasField("observation_sums")
+    if not template.observation_size:
+        return f"task {name}: observation sums in a run without normalisation" if has_sums else None
+    sums = result.observation_sums
+    size = template.observation_size
+    if not has_sums or len(sums.sum) != size or len(sums.sum_of_squares) != size:
+        return (
+            f"task {name}: the run needs observation sums of {size} values, got "
+            f"{len(sums.sum)} and {len(sums.sum_of_squares)}"
+        )
+    # One observation per agent step and reset: at most frames + episodes of them.
+    if not (math.isfinite(sums.count) and 1 <= sums.count <= result.frames + episodes):
+        return f"task {name}: observation count {sums.count} is not in [1, frames + episodes]"
+    total, squares = np.array(sums.sum), np.array(sums.sum_of_squares)
+    if not (np.all(np.isfinite(total)) and np.all(np.isfinite(squares)) and np.all(squares >= 0)):
+        return f"task {name}: observation sums must be finite, sums of squares >= 0"
+    # Cauchy-Schwarz: sum^2 <= count * sum of squares for any real observations.
+    if np.any(np.square(total) > sums.count * squares * (1 + 1e-9) + 1e-9):
+        return f"task {name}: observation sums no set of observations could have"
+    return None
 
 
 def _result_problem(

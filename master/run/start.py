@@ -82,7 +82,23 @@ def build_algorithm(config: RunConfig, run_dir: Path, resume: dict[str, Any] | N
     return entry.restore(config, state, arrays)
 
 
-def task_template(config: RunConfig, parameters: ParameterStore | None = None) -> TaskTemplate:
+def behaviour_size_of(config: RunConfig) -> int:
+    """The size of the run's behaviour characterisations (the master builds the env once)."""
+    from neuro.envs.behaviour import behaviour_size
+    from neuro.envs.make import make_env
+
+    handle = make_env(config.env_id, config.atari_dynamics)
+    try:
+        return behaviour_size(handle.env, handle.atari)
+    finally:
+        handle.env.close()
+
+
+def task_template(
+    config: RunConfig, parameters: ParameterStore | None = None, behaviour_size: int = 0
+) -> TaskTemplate:
+    """What every task of the run shares; `behaviour_size` > 0 asks for behaviours."""
+    norm = parameters.observation_norm() if parameters is not None else None
     dynamics = {
         "paper": pb.ATARI_DYNAMICS_PAPER,
         "registered": pb.ATARI_DYNAMICS_REGISTERED,
@@ -100,6 +116,8 @@ def task_template(config: RunConfig, parameters: ParameterStore | None = None) -
         max_episode_steps=config.max_episode_steps,
         lease_seconds=config.lease_seconds,
         parameters=parameters,
+        behaviour_size=behaviour_size,
+        observation_size=0 if norm is None else int(norm[0].size),
     )
 
 
@@ -160,7 +178,8 @@ async def start_master(
         interceptors=interceptors,
     )
     # Not the generated add_EvolutionServicer_to_server: unparsable bytes get INVALID_ARGUMENT.
-    service = EvolutionService(trainer.fleet, task_template(config, parameters), trainer.snapshot)
+    template = task_template(config, parameters, trainer.fleet.settings.behaviour_size)
+    service = EvolutionService(trainer.fleet, template, trainer.snapshot)
     add_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -179,6 +198,9 @@ def _build_trainer(
     checkpoint_seconds: float,
 ) -> tuple[Trainer, ParameterStore | None]:
     """The run's trainer over a fresh fleet, and the parameter store workers fetch (if any)."""
+    directory = RunDirectory(run_dir)
+    directory.write_config(config.to_dict())
+    algorithm = build_algorithm(config, directory.path, resume)
     fleet = Fleet(
         FleetSettings(
             run_id=config.run_id,
@@ -186,11 +208,9 @@ def _build_trainer(
             lease_seconds=config.lease_seconds,
             max_attempts=config.max_task_attempts,
             episodes_per_task=config.episodes_per_task,
+            behaviour_size=behaviour_size_of(config) if algorithm.needs_behaviours else 0,
         )
     )
-    directory = RunDirectory(run_dir)
-    directory.write_config(config.to_dict())
-    algorithm = build_algorithm(config, directory.path, resume)
     # Workers fetch the shared parameter vector of an algorithm that has one (the ES's theta).
     parameters = (
         ParameterStore(algorithm.parameters) if algorithm.parameters() is not None else None

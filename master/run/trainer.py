@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from master.algorithms.base import OFFSPRING, Algorithm, GenerationSummary
-from master.fleet.scheduler import Fleet
+from master.fleet.scheduler import Fleet, TaskExtras
 from master.observe.events import GenerationRecord, Observer, RunSnapshot
 from master.run.checkpoint import ALGORITHM, save_checkpoint, save_sidecar
 from master.run.rundir import RunDirectory
@@ -78,6 +78,7 @@ class Trainer:
         # Counters when the current generation began: its record spans a restart.
         self._generation_start = (0, 0, 0)
         self._recorded: dict[str, tuple[list[float], int]] = {}
+        self._recorded_extras: dict[str, TaskExtras] = {}
         if resume is not None:
             self._restore(resume)
 
@@ -91,6 +92,11 @@ class Trainer:
         self._recorded = {
             task_id: ([math.nan if r is None else r for r in returns], frames)
             for task_id, (returns, frames) in payload["phase_recorded"].items()
+        }
+        # Absent from checkpoints of runs whose tasks carried nothing else.
+        self._recorded_extras = {
+            task_id: TaskExtras.from_json(document)
+            for task_id, document in payload.get("phase_extras", {}).items()
         }
 
     def wall_s(self) -> float:
@@ -117,6 +123,10 @@ class Trainer:
                 "leases_reissued": self.fleet.counters().reissued,
             },
             "phase_recorded": recorded,
+            "phase_extras": {
+                task_id: extras.to_json()
+                for task_id, extras in self.fleet.recorded_extras().items()
+            },
         }
 
     def _checkpoint_contents(self) -> tuple[dict[str, Any], tuple[int, Any] | None]:
@@ -182,10 +192,11 @@ class Trainer:
         summary = None
         while summary is None:
             recorded, self._recorded = self._recorded, {}
-            outcome = await self.fleet.evaluate(self.algorithm.ask(), recorded)
+            extras, self._recorded_extras = self._recorded_extras, {}
+            outcome = await self.fleet.evaluate(self.algorithm.ask(), recorded, extras)
             self.frames += outcome.frames
             self.evaluations += outcome.episodes
-            summary = self.algorithm.tell(outcome.returns)
+            summary = self.algorithm.tell(outcome.returns, outcome.behaviours, outcome.observations)
         record = self._record(
             summary,
             self.frames - frames_before,
