@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from master.algorithms.es import ESConfig
 from master.algorithms.ga import GAConfig
+from master.algorithms.novelty import NoveltyConfig
 from master.config import (
     ALGORITHMS,
     ARCHITECTURES,
@@ -76,7 +77,8 @@ def _metrics_port(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="neuro-master",
-        description="Run the Deep GA (or ES) master: hands evaluations out as leases over gRPC.",
+        description="Run the Deep GA (or ES, or novelty search) master: hands evaluations out as "
+        "leases over gRPC.",
         epilog="neuro-master status --master HOST:PORT shows where a running master stands "
         "(neuro-master status --help).",
     )
@@ -85,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--algo",
         choices=ALGORITHMS,
         dest="algorithm",
-        help="ga (default): the Deep GA; es: Evolution Strategies on the same fleet (a resumed "
-        "run keeps its own)",
+        help="ga (default): the Deep GA; es: Evolution Strategies on the same fleet; ga-ns: the "
+        "GA with parents chosen by novelty; ns-es, nsr-es: ES over a meta-population seeking "
+        "novelty (and reward) (a resumed run keeps its own)",
     )
     groups = {None: p}
     for setting in _settings():
@@ -112,28 +115,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 _BUDGET = "budget (the run stops at the first one reached)"
 _FLEET = "fleet"
-# Which config fields become flags, in which help group and order. GAConfig and ESConfig give all
-# their fields (the GA first: its --seed is the ES's too); a RunConfig field no group names lands
-# among the general options, so a new field is a flag at once.
+# Which config fields become flags, in which help group and order. GAConfig, ESConfig and
+# NoveltyConfig give all their fields (the GA first: its --seed is the ES's too); a RunConfig
+# field no group names lands among the general options, so a new field is a flag at once.
 _GROUPS: tuple[tuple[str, type, tuple[str, ...] | None], ...] = (
     (_BUDGET, RunConfig, ("generations", "frames", "target_score")),
     ("genetic algorithm (defaults: the paper's for Atari)", GAConfig, None),
-    ("evolution strategies (--algo es)", ESConfig, None),
+    ("evolution strategies (--algo es, ns-es, nsr-es)", ESConfig, None),
+    ("novelty search (--algo ga-ns, ns-es, nsr-es)", NoveltyConfig, None),
     ("policy and env", RunConfig, ("architecture", "hidden_sizes", "atari_dynamics",
                                    "inference_dtype", "max_episode_steps", "noise_table_size",
                                    "noise_table_seed")),
     (_FLEET, RunConfig, ("lease_seconds", "max_task_attempts", "episodes_per_task")),
 )  # fmt: skip
-# Fields that are no flag: set from --env or by the run itself, the algorithm sections, and the
-# Adam moments, which the paper's settings never change.
-_NOT_FLAGS = frozenset({"env_id", "atari", "ga", "es", "run_id", "beta1", "beta2"})
-# Flag names kept from before the flags were generated, so scripts and templates keep working.
+# Fields that are no flag: set from --env, --algo or by the run itself, the algorithm sections,
+# and the Adam moments, which the paper's settings never change.
+_NOT_FLAGS = frozenset({"env_id", "atari", "ga", "es", "novelty", "algorithm", "run_id", "beta1",
+                        "beta2"})  # fmt: skip
+# Flag names kept from before the flags were generated, so scripts and templates keep working,
+# and one a bare field name would leave unclear (--k).
 _FLAG_NAMES = {"population_size": "--population", "architecture": "--policy",
-               "hidden_sizes": "--hidden"}  # fmt: skip
+               "hidden_sizes": "--hidden", "k": "--novelty-k"}  # fmt: skip
 _TYPES: dict[str, Callable[[str], Any]] = {"hidden_sizes": _hidden_sizes}
 _CHOICES = {"architecture": ARCHITECTURES, "atari_dynamics": ATARI_DYNAMICS,
             "inference_dtype": INFERENCE_DTYPES}  # fmt: skip
-_SECTIONS = {GAConfig: "ga", ESConfig: "es"}
+_SECTIONS = {GAConfig: "ga", ESConfig: "es", NoveltyConfig: "novelty"}
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,7 @@ class _Setting:
     flag: str
     group: str | None
     section: str | None
-    """The RunConfig field that holds it ("ga", "es"), or None for RunConfig's own."""
+    """The RunConfig field that holds it ("ga", "es", "novelty"), or None for RunConfig's own."""
     options: dict[str, Any]
 
 

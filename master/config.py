@@ -7,10 +7,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from master.algorithms.base import Parameters
 from master.algorithms.es import ESConfig
 from master.algorithms.ga import GAConfig
-from master.algorithms.registry import ALGORITHMS
+from master.algorithms.novelty import NoveltyConfig
+from master.algorithms.registry import ALGORITHMS, get
 from neuro.envs.make import ATARI_DYNAMICS, EnvKind, inspect_env_id
 from neuro.genome import Genome
 from neuro.layout import ARCHITECTURES, INFERENCE_DTYPES
@@ -67,18 +70,26 @@ class RunConfig:
     """Episodes one task plays, so long re-evaluations spread over workers."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     es: ESConfig | None = None
-    """Set: the run uses Evolution Strategies instead of the GA."""
-
-    @property
-    def algorithm(self) -> str:
-        return "es" if self.es is not None else "ga"
+    """Set for the ES family (es, ns-es, nsr-es): its ES hyperparameters."""
+    novelty: NoveltyConfig | None = None
+    """Set for novelty search (ga-ns, ns-es, nsr-es): its novelty hyperparameters."""
+    algorithm: str = ""
+    """The registry name of the algorithm that runs; empty (a config.json written before it
+    was recorded): es when `es` is set, else ga."""
 
     @property
     def seed(self) -> int:
-        """The run seed (env seeds of tasks derive from it)."""
+        """The run seed (env seeds of tasks derive from it): the ES's for the ES family."""
         return self.es.seed if self.es is not None else self.ga.seed
 
     def __post_init__(self) -> None:
+        if not self.algorithm:
+            object.__setattr__(self, "algorithm", "es" if self.es is not None else "ga")
+        sections = get(self.algorithm).sections
+        for section in ("es", "novelty"):
+            if (getattr(self, section) is not None) != (section in sections):
+                state = "needs" if section in sections else "takes no"
+                raise ValueError(f"algorithm {self.algorithm!r} {state} {section} settings")
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"architecture {self.architecture!r} is not one of {ARCHITECTURES}")
         if self.atari_dynamics not in ATARI_DYNAMICS:
@@ -115,6 +126,8 @@ class RunConfig:
         fields["ga"] = GAConfig(**fields["ga"])
         if fields.get("es") is not None:
             fields["es"] = ESConfig(**fields["es"])
+        if fields.get("novelty") is not None:
+            fields["novelty"] = NoveltyConfig(**fields["novelty"])
         fields["hidden_sizes"] = tuple(fields["hidden_sizes"])
         return cls(**fields)
 
@@ -134,11 +147,17 @@ class RunConfig:
         }
 
     def parameters_document(self, parameters: Parameters) -> dict[str, Any]:
-        """ES parameters for replay: the run dir writes "parameters" as an .npy beside it."""
+        """ES-family parameters for replay: the run dir writes "parameters" as an .npy beside it."""
         assert self.es is not None
         document = self.genome_document(Genome((0,)))
+        vector = parameters.theta
+        if parameters.observation_norm is not None:
+            # Replay normalises observations as training did: the .npy ends with mean and std.
+            mean, std = parameters.observation_norm
+            vector = np.concatenate([vector, mean, std]).astype(np.float32)
+            document["observation_size"] = int(mean.size)
         document.update(seeds=[], mutation_power=self.es.sigma, version=parameters.version,
-                        parameters=parameters.theta)  # fmt: skip
+                        parameters=vector)  # fmt: skip
         return document
 
 
@@ -150,8 +169,9 @@ def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
     episode for neuro's toy tasks, whose return does not vary).
     """
     algorithm = overrides.pop("algorithm", "ga")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm {algorithm!r} is not one of {ALGORITHMS}")
+    sections = get(algorithm).sections
+    novelty_fields = {f.name for f in dataclasses.fields(NoveltyConfig)}
+    novelty_overrides = {k: overrides.pop(k) for k in list(overrides) if k in novelty_fields}
     es_fields = {f.name for f in dataclasses.fields(ESConfig)}
     es_overrides = {k: overrides.pop(k) for k in list(overrides) if k in es_fields - {"seed"}}
     if "seed" in overrides:
@@ -180,7 +200,7 @@ def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
             "noise_table_size": SMALL_NOISE_TABLE_SIZE,
             "target_score": kind.reward_threshold,
         }
-    if algorithm == "es":
+    if "es" in sections:
         es_defaults: dict[str, Any] = (
             {"pairs": 500, "sigma": 0.02, "learning_rate": 0.01, "eval_episodes": 1}
             if kind.atari
@@ -188,10 +208,21 @@ def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
         )
         base["es"] = ESConfig(**{**es_defaults, **es_overrides})
     elif es_overrides.keys() - {"seed"}:
-        raise ValueError(f"{sorted(es_overrides.keys() - {'seed'})} are ES settings (--algo es)")
+        raise ValueError(f"{sorted(es_overrides.keys() - {'seed'})} are ES settings "
+                         f"(--algo {_using('es')})")  # fmt: skip
+    if "novelty" in sections:
+        base["novelty"] = NoveltyConfig(**novelty_overrides)
+    elif novelty_overrides:
+        raise ValueError(f"{sorted(novelty_overrides)} are novelty search settings "
+                         f"(--algo {_using('novelty')})")  # fmt: skip
     # An explicit None is a setting too (target_score=None: no target).
     settings = {**base, **overrides}
-    return RunConfig(env_id=kind.env_id, atari=kind.atari, ga=ga, **settings)
+    return RunConfig(env_id=kind.env_id, atari=kind.atari, ga=ga, algorithm=algorithm, **settings)
+
+
+def _using(section: str) -> str:
+    """The algorithms whose settings include `section`, as the --algo values to name."""
+    return ", ".join(name for name in ALGORITHMS if section in get(name).sections)
 
 
 def _ga_config(defaults: dict[str, Any], overrides: dict[str, Any]) -> GAConfig:

@@ -1,7 +1,8 @@
 """The contract every registered algorithm keeps: an entry added to the registry is tested here.
 
-Tiny CartPole configs, numpy only, no workers: each test asks, makes up episode returns and
-tells, as the trainer would with real ones.
+Tiny CartPole configs, numpy only, no workers: each test asks, makes up episode returns (and,
+for an algorithm that needs them, behaviour characterisations) and tells, as the trainer would
+with real ones.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable, Iterable
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,8 +27,16 @@ from neuro.genome import Genome
 TINY: dict[str, dict[str, Any]] = {
     "ga": {"population_size": 12, "truncation": 3, "elite_candidates": 3, "elite_episodes": 2},
     "es": {"pairs": 4, "eval_episodes": 2},
-}
+    # A small archive, so that reservoir replacement happens within a few generations.
+    "ga-ns": {"population_size": 12, "truncation": 3, "elite_candidates": 3, "elite_episodes": 2,
+              "k": 3, "archive_probability": 0.5, "archive_capacity": 8},
+    "ns-es": {"pairs": 4, "eval_episodes": 2, "meta_population": 3, "k": 2, "archive_capacity": 4},
+    "nsr-es": {"pairs": 4, "eval_episodes": 2, "meta_population": 3, "k": 2,
+               "archive_capacity": 4},
+}  # fmt: skip
 """Small settings per algorithm; an entry not named here runs with its CartPole defaults."""
+BEHAVIOUR_SIZE = 5
+"""Values in each made-up behaviour characterisation."""
 MAX_PHASES = 50
 """A generation with more phases than this is taken for one that never ends."""
 
@@ -53,6 +63,30 @@ def answers(
     }
 
 
+def behaviours_for(
+    requests: Iterable[EvaluationRequest], returns: Mapping[str, Sequence[float]]
+) -> dict[str, np.ndarray]:
+    """Made-up BCs for every request, a function of its key; NaN rows where a return is NaN."""
+    behaviours = {}
+    for r in requests:
+        rows = np.random.default_rng(zlib.crc32(r.key.encode())).normal(
+            size=(r.episodes, BEHAVIOUR_SIZE)
+        )
+        failed = [
+            i for i, x in enumerate(returns.get(r.key, ())) if i < r.episodes and math.isnan(x)
+        ]
+        rows[failed] = math.nan
+        behaviours[r.key] = rows.astype(np.float32)
+    return behaviours
+
+
+def tell(algorithm: Algorithm, returns: Mapping[str, Sequence[float]]) -> GenerationSummary | None:
+    """algorithm.tell(returns), with made-up BCs of what it asked if it needs them."""
+    if not algorithm.needs_behaviours:
+        return algorithm.tell(returns)
+    return algorithm.tell(returns, behaviours_for(algorithm.ask(), returns))
+
+
 def play_generation(
     algorithm: Algorithm,
     rng: np.random.Generator,
@@ -63,7 +97,7 @@ def play_generation(
     for _ in range(MAX_PHASES):
         requests = algorithm.ask()
         episodes += sum(r.episodes for r in requests)
-        summary = algorithm.tell(answers(requests, rng, failed(requests)))
+        summary = tell(algorithm, answers(requests, rng, failed(requests)))
         if summary is not None:
             return summary, episodes
     raise AssertionError(f"no generation summary after {MAX_PHASES} phases")
@@ -119,7 +153,7 @@ def test_ask_is_stable_until_tell_and_no_key_is_asked_twice(entry, config) -> No
         assert all(r.episodes >= 1 for r in requests)
         assert algorithm.ask() == requests and algorithm.ask() == requests  # keys, order, genomes
         asked |= set(keys)
-        algorithm.tell(answers(requests, rng))
+        tell(algorithm, answers(requests, rng))
 
 
 @pytest.mark.parametrize("fault", ["unknown", "missing", "too few", "too many"])
@@ -143,9 +177,9 @@ def test_tell_refuses_keys_it_did_not_ask_for_and_changes_nothing(entry, config,
             bad[named] = [*good[named], 1.0]
         before = fingerprint(algorithm)
         with pytest.raises(ValueError, match=re.escape(named)):
-            algorithm.tell(bad)
+            tell(algorithm, bad)
         assert fingerprint(algorithm) == before
-        if algorithm.tell(good) is not None:
+        if tell(algorithm, good) is not None:
             return
     raise AssertionError(f"no generation summary after {MAX_PHASES} phases")
 
@@ -154,10 +188,12 @@ def test_state_round_trips_through_json_and_the_run_goes_on_identically(entry, c
     algorithm = entry.create(config)
     rng = np.random.default_rng(2)
     for _ in range(5):  # a few phases: a checkpoint may be taken in any of them
+        # A resumed run's notice reads the generation from the document, whatever the algorithm.
+        assert algorithm.state_dict()["generation"] == algorithm.generation
         again = restored(entry, config, algorithm)
         assert fingerprint(again) == fingerprint(algorithm)
         returns = answers(algorithm.ask(), rng)
-        assert plain(again.tell(returns)) == plain(algorithm.tell(returns))
+        assert plain(tell(again, returns)) == plain(tell(algorithm, returns))
         assert fingerprint(again) == fingerprint(algorithm)
 
 
@@ -199,17 +235,18 @@ def ga_never_selects_nan(entry: registry.Entry, config: RunConfig) -> None:
     # Every other individual fails; the last, the carried elite, is re-evaluated anyway.
     failed = {r.key for r in offspring[:-1][::2]}
     failed_genomes = {r.genome for r in offspring if r.key in failed}
-    algorithm.tell(answers(offspring, rng, failed))
+    tell(algorithm, answers(offspring, rng, failed))
     candidates = algorithm.ask()
     assert not failed_genomes & {r.genome for r in candidates}
     # The first candidate fails one re-evaluation episode and scores far above the rest in the
     # others: a mean with a NaN in it is no mean, so it cannot become the elite.
     returns = answers(candidates, rng)
     returns[candidates[0].key] = [math.nan] + [1e9] * (candidates[0].episodes - 1)
-    summary = algorithm.tell(returns)
+    summary = tell(algorithm, returns)
     assert summary is not None and summary.elite != candidates[0].genome
     assert math.isfinite(summary.elite_score)
-    failed_genomes.add(candidates[0].genome)
+    # Parents were chosen in the offspring phase, from evaluations that did not fail: the
+    # candidate that failed a re-evaluation episode may be one of them, the failed offspring not.
     for request in algorithm.ask():
         assert isinstance(request.genome, Genome)
         parent = request.genome.seeds[:-1]
@@ -227,20 +264,31 @@ def es_never_selects_nan(entry: registry.Entry, config: RunConfig) -> None:
     pair = [r.key for r in requests if r.genome.noise_index == first.noise_index and r.genome.sign]
     assert len(pair) == 2
     returns = answers(requests, rng, failed=pair[1:])
-    algorithm.tell({**returns, pair[0]: [1e9]})
-    twin.tell({**returns, pair[0]: [-1e9]})
+    tell(algorithm, {**returns, pair[0]: [1e9]})
+    tell(twin, {**returns, pair[0]: [-1e9]})
     theta = algorithm.parameters().theta
     assert np.array_equal(theta, twin.parameters().theta) and np.isfinite(theta).all()
+    assert np.array_equal(algorithm.arrays(), twin.arrays())  # every member, when there are more
     # With every pair failed there is no gradient at all: theta stays where it was.
-    before = theta.copy()
+    before = STEPPED[entry.name](algorithm).copy()
     summary, _ = play_generation(algorithm, rng, lambda requests: [r.key for r in requests])
-    assert np.array_equal(algorithm.parameters().theta, before)
+    assert np.array_equal(STEPPED[entry.name](algorithm), before)
     assert summary.metrics()["grad_norm"] == 0.0
 
 
+STEPPED: dict[str, Callable[[Algorithm], np.ndarray]] = {
+    "es": lambda algorithm: algorithm.parameters().theta,
+    # The next generation may evaluate another member: all of them, and the archive, stay.
+    "ns-es": lambda algorithm: algorithm.arrays(),
+    "nsr-es": lambda algorithm: algorithm.arrays(),
+}
+"""What an ES-family step moves, for each ES-family algorithm."""
 NEVER_SELECTS_NAN: dict[str, Callable[[registry.Entry, RunConfig], None]] = {
     "ga": ga_never_selects_nan,
     "es": es_never_selects_nan,
+    "ga-ns": ga_never_selects_nan,  # a failed evaluation has a NaN BC too: it is never novel
+    "ns-es": es_never_selects_nan,
+    "nsr-es": es_never_selects_nan,
 }
 """What "a failed evaluation is never selected" means for each algorithm."""
 
@@ -249,3 +297,81 @@ def test_a_failed_evaluation_is_never_selected(entry, config) -> None:
     check = NEVER_SELECTS_NAN.get(entry.name)
     assert check is not None, f"say what never selecting NaN means for {entry.name!r} here"
     check(entry, config)
+
+
+def test_arrays_change_only_with_the_generation(entry, config) -> None:
+    """The checkpoint's sidecar is named by the generation, so a generation has one content."""
+    algorithm = entry.create(config)
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        arrays = algorithm.arrays()
+        generation = algorithm.generation
+        for _ in range(MAX_PHASES):
+            tell(algorithm, answers(algorithm.ask(), rng))
+            if algorithm.generation != generation:
+                break
+            assert fingerprint(algorithm)[-1] == fingerprint_arrays(arrays)
+        else:
+            raise AssertionError(f"no generation summary after {MAX_PHASES} phases")
+
+
+def fingerprint_arrays(arrays: np.ndarray | None) -> Any:
+    return None if arrays is None else (arrays.dtype.str, arrays.shape, arrays.tobytes())
+
+
+BEHAVIOUR_FAULTS = ("none", "missing", "extra", "rows", "flat", "sizes", "archive size")
+
+
+NEEDS_BEHAVIOURS = ("ga-ns", "ns-es", "nsr-es")
+
+
+def test_the_entries_that_need_behaviours_are_those_tested_for_them(noise_cache) -> None:
+    kind = inspect_env_id("CartPole-v1")
+    needing = {
+        name
+        for name in registry.ALGORITHMS
+        if registry.get(name)
+        .create(preset(kind, algorithm=name, hidden_sizes=(8,), noise_table_size=2**16))
+        .needs_behaviours
+    }
+    assert needing == set(NEEDS_BEHAVIOURS)
+
+
+@pytest.mark.parametrize("fault", BEHAVIOUR_FAULTS)
+@pytest.mark.parametrize("name", NEEDS_BEHAVIOURS)
+def test_tell_refuses_behaviours_unless_they_answer_what_was_asked(
+    name, fault, noise_cache
+) -> None:
+    entry = registry.get(name)
+    config = preset(inspect_env_id("CartPole-v1"), algorithm=name, seed=3, hidden_sizes=(8,),
+                    noise_table_size=2**16, **TINY.get(name, {}))  # fmt: skip
+    algorithm = entry.create(config)
+    rng = np.random.default_rng(8)
+    play_generation(algorithm, rng)  # a known BC size, an archive, a moved rng
+    for _ in range(MAX_PHASES):  # every phase of the next generation
+        requests = algorithm.ask()
+        returns = answers(requests, rng)
+        good = behaviours_for(requests, returns)
+        first, last = requests[0].key, requests[-1].key
+        bad: dict[str, np.ndarray] | None = dict(good)
+        if fault == "none":
+            bad = None
+        elif fault == "missing":
+            del bad[last]
+        elif fault == "extra":
+            bad["no/such/key"] = good[last]
+        elif fault == "rows":
+            bad[last] = np.concatenate([good[last], good[last][:1]])
+        elif fault == "flat":
+            bad[last] = good[last].ravel()
+        elif fault == "sizes":
+            bad[first] = good[first][:, :-1]
+        else:
+            bad = {key: np.concatenate([rows, rows], axis=1) for key, rows in good.items()}
+        before = fingerprint(algorithm)
+        with pytest.raises(ValueError):
+            algorithm.tell(returns, bad)
+        assert fingerprint(algorithm) == before
+        if algorithm.tell(returns, good) is not None:
+            return
+    raise AssertionError(f"no generation summary after {MAX_PHASES} phases")

@@ -1,8 +1,14 @@
 """Run settings: presets by kind of env, explicit overrides, clear errors."""
 
+import dataclasses
+import json
+
 import pytest
 
-from master.config import inspect_env_id, preset
+from master.algorithms import registry
+from master.algorithms.novelty import NoveltyConfig
+from master.cli import _resolve_config, build_parser
+from master.config import RunConfig, inspect_env_id, preset
 
 
 def test_atari_gets_the_papers_settings_and_network():
@@ -36,3 +42,69 @@ def test_an_explicit_none_target_disables_the_envs_threshold():
 def test_bad_settings_name_the_value(env_id, overrides, message):
     with pytest.raises(ValueError, match=message):
         preset(inspect_env_id(env_id), **overrides)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "sections"),
+    [("ga", ()), ("es", ("es",)), ("ga-ns", ("novelty",)), ("ns-es", ("es", "novelty")),
+     ("nsr-es", ("es", "novelty"))],
+)  # fmt: skip
+def test_each_algorithm_gets_its_sections_and_survives_config_json(algorithm, sections):
+    config = preset(inspect_env_id("CartPole-v1"), algorithm=algorithm, seed=9)
+    assert config.algorithm == algorithm and config.seed == 9
+    assert {s for s in ("es", "novelty") if getattr(config, s) is not None} == set(sections)
+    data = json.loads(json.dumps(config.to_dict()))
+    assert RunConfig.from_dict(data) == config
+    assert registry.get(algorithm).mutation_power(config) > 0
+
+
+@pytest.mark.parametrize("algorithm", ["ga", "es"])
+def test_a_config_json_written_before_the_algorithm_was_recorded_still_reads(algorithm):
+    data = preset(inspect_env_id("CartPole-v1"), algorithm=algorithm).to_dict()
+    del data["algorithm"], data["novelty"]
+    assert RunConfig.from_dict(data).algorithm == algorithm
+
+
+def test_novelty_settings_and_sections_that_do_not_fit_the_algorithm_are_refused():
+    kind = inspect_env_id("CartPole-v1")
+    assert preset(kind, algorithm="ga-ns", k=4, archive_capacity=50).novelty == NoveltyConfig(
+        k=4, archive_capacity=50
+    )
+    with pytest.raises(ValueError, match=r"\['k'\] are novelty search settings \(--algo ga-ns, "):
+        preset(kind, algorithm="es", k=4)
+    with pytest.raises(ValueError, match=r"\['pairs'\] are ES settings \(--algo es, ns-es, nsr-es"):
+        preset(kind, algorithm="ga-ns", pairs=4)
+    config = preset(kind, algorithm="ga-ns")
+    with pytest.raises(ValueError, match="algorithm 'ga' takes no novelty settings"):
+        dataclasses.replace(config, algorithm="ga")
+    with pytest.raises(ValueError, match="algorithm 'ns-es' needs es settings"):
+        dataclasses.replace(config, algorithm="ns-es")
+    with pytest.raises(ValueError, match="'nsga' is not one of"):
+        preset(kind, algorithm="nsga")
+    with pytest.raises(ValueError, match="meta_population must be >= 1, got 0"):
+        preset(kind, algorithm="ns-es", meta_population=0)
+
+
+def test_the_command_line_chooses_a_novelty_search_and_its_settings(tmp_path, capsys):
+    parser = build_parser()
+    args = parser.parse_args(["--env", "CartPole-v1", "--algo", "nsr-es", "--novelty-k", "4",
+                              "--meta-population", "2", "--archive-capacity", "30",
+                              "--pairs", "3"])  # fmt: skip
+    config, resume = _resolve_config(parser, args, tmp_path / "new-run")
+    assert resume is None and config.algorithm == "nsr-es" and config.es.pairs == 3
+    assert config.novelty == NoveltyConfig(k=4, archive_capacity=30, meta_population=2)
+    args = parser.parse_args(["--env", "CartPole-v1", "--algo", "ga-ns",
+                              "--archive-probability", "0.25"])  # fmt: skip
+    config, _ = _resolve_config(parser, args, tmp_path / "new-run")
+    assert config.novelty.archive_probability == 0.25 and config.es is None
+    args = parser.parse_args(["--env", "CartPole-v1", "--algo", "ga", "--novelty-k", "4"])
+    with pytest.raises(SystemExit) as exit_info:
+        _resolve_config(parser, args, tmp_path / "new-run")
+    assert exit_info.value.code == 2 and "--algo ga-ns, ns-es, nsr-es" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--env", "CartPole-v1", "--algo", "ga-ns", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "novelty search (--algo ga-ns, ns-es, nsr-es)" in shown
+    for flag in ("--novelty-k", "--archive-probability", "--archive-capacity", "--meta-population"):
+        assert flag in shown
+    assert "reservoir sampling" in shown  # help comes from the field docstrings

@@ -59,6 +59,8 @@ def load_genome_file(path: str | os.PathLike) -> EvaluationSpec:
         parameters_sha256=parameters["sha256"] if parameters else None,
         # A genome file from before the field was trained and scored in float32.
         inference_dtype=data.get("inference_dtype") or "float32",
+        # The .npy then ends with the observation mean and std the policy was trained with.
+        observation_size=int(data.get("observation_size") or 0),
     )
 
 

@@ -191,6 +191,18 @@ def gradient_estimate(
     return grad / (max(len(noise_indices), 1) * 2 * sigma)
 
 
+def adam_step(
+    config: ESConfig, theta: np.ndarray, m: np.ndarray, v: np.ndarray, t: int, grad: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Adam's t-th step (from 1) ascending grad - weight_decay * theta: new theta, m, v (f32)."""
+    g = grad - config.weight_decay * theta.astype(np.float64)
+    m = config.beta1 * m + (1 - config.beta1) * g
+    v = config.beta2 * v + (1 - config.beta2) * g * g
+    step = config.learning_rate * math.sqrt(1 - config.beta2**t) / (1 - config.beta1**t)
+    theta = theta + step * m / (np.sqrt(v) + 1e-8)
+    return theta.astype(np.float32), m.astype(np.float32), v.astype(np.float32)
+
+
 class EvolutionStrategy(Algorithm):
     """Antithetic ES with centered-rank shaping and Adam, asked and told like the GA."""
 
@@ -329,16 +341,11 @@ class EvolutionStrategy(Algorithm):
 
     def _adam_step(self, grad: np.ndarray) -> None:
         """Ascends grad - weight_decay * theta; new arrays, so earlier snapshots stay valid."""
-        c, state = self.config, self.state
-        g = grad - c.weight_decay * state.theta.astype(np.float64)
+        state = self.state
         state.adam_steps += 1
-        t = state.adam_steps
-        m = c.beta1 * state.m + (1 - c.beta1) * g
-        v = c.beta2 * state.v + (1 - c.beta2) * g * g
-        step = c.learning_rate * math.sqrt(1 - c.beta2**t) / (1 - c.beta1**t)
-        theta = state.theta + step * m / (np.sqrt(v) + 1e-8)
-        state.m, state.v = m.astype(np.float32), v.astype(np.float32)
-        state.theta = theta.astype(np.float32)
+        state.theta, state.m, state.v = adam_step(
+            self.config, state.theta, state.m, state.v, state.adam_steps, grad
+        )
 
     def _draw_indices(self) -> list[int]:
         size = self.config.pairs
