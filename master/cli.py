@@ -168,8 +168,11 @@ def _settings() -> tuple[_Setting, ...]:
                 continue  # the ES's seed is the GA's --seed
             # argparse formats help with %: a literal one in a docstring must be doubled.
             help_text = docs.get(name, "").replace("%", "%%") or None
-            options: dict[str, Any] = {"type": _TYPES.get(name) or _scalar(hints[name]),
-                                       "help": help_text}  # fmt: skip
+            options: dict[str, Any] = (
+                {"action": argparse.BooleanOptionalAction, "help": help_text}
+                if hints[name] is bool
+                else {"type": _TYPES.get(name) or _scalar(hints[name]), "help": help_text}
+            )
             if name in _CHOICES:
                 options["choices"] = _CHOICES[name]
             flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))

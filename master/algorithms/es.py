@@ -7,6 +7,7 @@ plus theta itself. Returns are shaped by centered ranks; Adam takes the step.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ from master.algorithms.base import (
 )
 from neuro.genome import SEED_BOUND
 from neuro.noise import noise_offset
-from neuro.observation_stats import ObservationStats
+from neuro.observation_stats import MAX_OBSERVATION_SIZE, ObservationStats
 
 THETA = "theta"
 STATE_FORMAT = "neuro.es/1"
@@ -52,6 +53,9 @@ class ESConfig:
     beta2: float = 0.999
     seed: int = 0
     """Seeds the noise indices and theta's initialisation."""
+    observation_norm: bool = False
+    """Feed the policy observations normalised by the running mean and std of every
+    observation workers saw (OpenAI's ES; for vector observations, e.g. MuJoCo tasks)."""
 
     def __post_init__(self) -> None:
         if self.pairs < 1:
@@ -87,6 +91,9 @@ class ESState:
     elite_score: float = math.nan
     theta_rank: int | None = None
     phase: str = OFFSPRING
+    observations: ObservationStats | None = None
+    """With observation normalisation: the sums of every observation so far (from the prior).
+    The current version's normaliser is made from them; they change only when it ends."""
     _digest: tuple[int, str] | None = field(default=None, repr=False)
 
     def arrays(self) -> np.ndarray:
@@ -113,6 +120,14 @@ class ESState:
             "theta_rank": self.theta_rank,
             "num_params": int(self.theta.size),
             "arrays_sha256": self.arrays_sha256(),
+            # float64 sums round-trip exactly through JSON (shortest repr).
+            "observations": None
+            if self.observations is None
+            else {
+                "count": self.observations.count,
+                "sum": self.observations.total.tolist(),
+                "sum_of_squares": self.observations.squares.tolist(),
+            },
         }
 
     @classmethod
@@ -122,6 +137,12 @@ class ESState:
         if arrays.shape != (3, int(data["num_params"])) or arrays.dtype != np.float32:
             raise ValueError(f"ES arrays have {arrays.dtype} {arrays.shape}, expected (3, n) f32")
         score = data["elite_score"]
+        stats = data.get("observations")  # absent before observation normalisation
+        observations = None
+        if stats is not None:
+            observations = ObservationStats(
+                float(stats["count"]), np.array(stats["sum"]), np.array(stats["sum_of_squares"])
+            )
         return cls(
             generation=int(data["generation"]),
             theta=arrays[0].copy(),
@@ -132,6 +153,7 @@ class ESState:
             noise_indices=[int(i) for i in data["noise_indices"]],
             elite_score=math.nan if score is None else float(score),
             theta_rank=data.get("theta_rank"),
+            observations=observations,
         )
 
 
@@ -146,14 +168,19 @@ class ESSummary(GenerationSummary):
     theta_rank: int | None
     """How many perturbations scored strictly above theta's first episode (0: theta is best)."""
     grad_norm: float
+    observation_count: float | None = None
+    """With observation normalisation: observations summed so far (this update's included)."""
 
     def metrics(self) -> dict[str, Any]:
         """ES figures metrics.jsonl records beside the common ones."""
-        return {
+        figures: dict[str, Any] = {
             "theta_rank": self.theta_rank,
             "population": len(self.scores),
             "grad_norm": self.grad_norm,
         }
+        if self.observation_count is not None:
+            figures["observation_count"] = self.observation_count
+        return figures
 
 
 def centered_ranks(values: Sequence[float]) -> np.ndarray:
@@ -214,8 +241,13 @@ class EvolutionStrategy(Algorithm):
         table: np.ndarray,
         theta: np.ndarray | None = None,
         state: ESState | None = None,
+        observation_size: int = 0,
     ) -> None:
-        """`table`: the shared noise table; `theta`: initial parameters (unless `state`)."""
+        """`table`: the shared noise table; `theta`: initial parameters (unless `state`).
+
+        `observation_size`: the flattened observation's size, which a new ES with
+        observation normalisation needs (a restored one has its sums).
+        """
         self.config = config
         self.table = table
         self._rng = np.random.Generator(np.random.PCG64(config.seed))
@@ -227,10 +259,36 @@ class EvolutionStrategy(Algorithm):
             state = ESState(0, theta, zeros, zeros.copy())
             state.noise_indices = self._draw_indices()
             state.rng_state = self._rng.bit_generator.state
+            if config.observation_norm:
+                if not 1 <= observation_size <= MAX_OBSERVATION_SIZE:
+                    raise ValueError(
+                        "observation normalisation needs vector observations of 1 to "
+                        f"{MAX_OBSERVATION_SIZE} values, got {observation_size}"
+                    )
+                state.observations = ObservationStats.prior(observation_size)
         else:
             self._rng.bit_generator.state = state.rng_state
+        if config.observation_norm != (state.observations is not None):
+            raise ValueError(
+                f"observation_norm is {config.observation_norm}, but the state "
+                f"{'lacks' if config.observation_norm else 'has'} observation sums"
+            )
         noise_offset(0, state.theta.size, table.size)  # raises if the table is too small
         self.state = state
+        self._normaliser: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None
+
+    @property
+    def needs_observation_stats(self) -> bool:
+        return self.config.observation_norm
+
+    def observation_norm(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The current version's (mean, std), made once per version; None without one."""
+        observations = self.state.observations
+        if observations is None:
+            return None
+        if self._normaliser is None or self._normaliser[0] != self.state.generation:
+            self._normaliser = (self.state.generation, observations.normaliser())
+        return self._normaliser[1]
 
     @property
     def generation(self) -> int:
@@ -270,7 +328,9 @@ class EvolutionStrategy(Algorithm):
 
     def parameters(self) -> Parameters:
         """The current parameters, the ones this generation's tasks perturb."""
-        return Parameters(self.state.generation, self.state.theta)
+        return Parameters(
+            self.state.generation, self.state.theta, observation_norm=self.observation_norm()
+        )
 
     def noise(self, noise_index: int) -> np.ndarray:
         """eps(noise_index) for this run's parameter count."""
@@ -299,6 +359,16 @@ class EvolutionStrategy(Algorithm):
         requests = self.ask()
         check_returns(requests, returns)
         state = self.state
+        observations = state.observations
+        if (
+            observation_stats is not None
+            and observations is not None
+            and (observation_stats.size != observations.size)
+        ):
+            raise ValueError(
+                f"observation sums of size {observation_stats.size}; this run's "
+                f"observations have {state.observations.size} values"
+            )
         scores = [float(returns[r.key][0]) for r in requests[:-1]]
         theta_returns = [float(x) for x in returns[requests[-1].key]]
         pairs = [(scores[2 * i], scores[2 * i + 1]) for i in range(len(state.noise_indices))]
@@ -320,7 +390,9 @@ class EvolutionStrategy(Algorithm):
         rank = None
         if math.isfinite(theta_returns[0]):
             rank = sum(1 for s in scores if math.isfinite(s) and s > theta_returns[0])
-        evaluated = Parameters(state.generation, state.theta)
+        evaluated = Parameters(
+            state.generation, state.theta, observation_norm=self.observation_norm()
+        )
         if valid:
             self._adam_step(grad)
         summary = ESSummary(
@@ -334,6 +406,11 @@ class EvolutionStrategy(Algorithm):
         )
         state.elite_score = theta_score
         state.theta_rank = rank
+        if observation_stats is not None and state.observations is not None:
+            # The next version normalises with everything seen so far (OpenAI's ES).
+            state.observations = state.observations + observation_stats
+        if state.observations is not None:
+            summary = dataclasses.replace(summary, observation_count=state.observations.count)
         state.generation += 1
         state.noise_indices = self._draw_indices()
         state.rng_state = self._rng.bit_generator.state

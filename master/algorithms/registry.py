@@ -80,7 +80,23 @@ def _create_es(config: RunConfig) -> EvolutionStrategy:
     assert config.es is not None, "the ES entry is only used for ES runs"
     table = _noise_table(config)
     (theta,) = _initial_thetas(config, table, 1)
-    return EvolutionStrategy(config.es, table, theta)
+    observation_size = 0
+    if config.es.observation_norm:
+        if config.atari:
+            raise ValueError("observation_norm is for vector observations, not Atari frames")
+        observation_size = _observation_size(config)
+    return EvolutionStrategy(config.es, table, theta, observation_size=observation_size)
+
+
+def _observation_size(config: RunConfig) -> int:
+    """The flattened size of the env's observations."""
+    from neuro.envs.make import make_env
+
+    env = make_env(config.env_id, config.atari_dynamics).env
+    try:
+        return int(np.prod(env.observation_space.shape))
+    finally:
+        env.close()
 
 
 def _restore_es(
