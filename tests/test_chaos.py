@@ -1,7 +1,9 @@
 """Chaos: workers SIGKILLed and replaced every few seconds, the master SIGKILLed twice.
 
 The run must finish its generations with every one scored exactly N + K*E times, and a
-consistent elite chain, whatever was killed when. Everything runs on loopback; the kill loop
+consistent elite chain, whatever was killed when. It runs GA-NS, the GA whose parents are chosen
+by novelty: the GA's every path plus behaviours on the wire and an archive in the checkpoint,
+which must come through the crashes whole. Everything runs on loopback; the kill loop
 is bounded in count and in time.
 """
 
@@ -15,9 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from master.observe.status import StatusError, fetch_status
+from master.run.checkpoint import load_checkpoint, load_sidecar
 from master.run.rundir import read_elite_seeds, read_metrics
 from tests.conftest import REPO, free_port, spawn_worker, stop_processes, worker_env
 
@@ -31,7 +35,8 @@ MAX_WORKER_KILLS = 30
 
 def start_master(port: int, run_dir: Path, log: Path) -> subprocess.Popen:
     command = [sys.executable, "-c", "import sys; from master.cli import main; sys.exit(main())",
-               "--env", "CartPole-v1", "--port", str(port), "--run-dir", str(run_dir),
+               "--env", "CartPole-v1", "--algo", "ga-ns", "--archive-probability", "0.1",
+               "--port", str(port), "--run-dir", str(run_dir),
                "--generations", str(GENERATIONS), "--no-target", "--population", str(N),
                "--truncation", "5", "--elite-candidates", str(K), "--elite-episodes", str(E),
                "--lease-seconds", "2", "--checkpoint-seconds", "0.5", "--seed", "9",
@@ -131,6 +136,12 @@ def test_the_run_survives_killed_workers_and_two_master_crashes(
         # A new elite is a child made this generation: one mutation on a parent of the last.
         # (Parents can be short: a carried elite is a parent too.)
         assert seeds == previous or 2 <= len(seeds) <= generation + 1
+    # The archive only grew (far below its capacity), and the last checkpoint holds all of it.
+    sizes = [record["archive_size"] for record in records]
+    assert sizes == sorted(sizes) and sizes[-1] > 0
+    payload = load_checkpoint(run_dir)
+    behaviours = load_sidecar(run_dir, payload["sidecar"])
+    assert behaviours.shape == (sizes[-1], 4) and np.isfinite(behaviours).all()
 
 
 def test_sigterm_checkpoints_the_master_and_the_same_command_finishes_the_run(
@@ -145,8 +156,6 @@ def test_sigterm_checkpoints_the_master_and_the_same_command_finishes_the_run(
             time.sleep(0.2)
         master.send_signal(signal.SIGTERM)
         assert master.wait(30) == 0
-        from master.run.checkpoint import load_checkpoint
-
         payload = load_checkpoint(run_dir)
         assert payload is not None and payload["algorithm"]["state"]["generation"] >= 2
         # The workers were not told the run is over: they wait and serve the restarted master.
