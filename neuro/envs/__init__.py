@@ -1,4 +1,4 @@
-"""neuro's own gymnasium envs: memorisation toy tasks for studying GA settings in seconds.
+"""neuro's own gymnasium envs: toy tasks for studying GA settings in seconds.
 
 Ids (call `register_envs()` first; the master and the workers do):
 
@@ -13,11 +13,18 @@ Ids (call `register_envs()` first; the master and the workers do):
   `register_envs(env_id)` registers such an id on first use. Sizes are bounded (K up to
   2**20, D up to 2**16, K * D up to 2**24: see neuro.envs.memorize), so an absurd id fails
   before any dataset is drawn.
+- `neuro/DeceptiveMaze-v0`: a point robot in a maze whose straight path to the goal ends in a
+  dead end (see neuro.envs.maze); reward 0 but on the last step, return = -(final distance to
+  the goal), EPISODE_STEPS steps or fewer; info["bc"] is the robot's (x, y). A task for novelty
+  search: rewarding closeness to the goal leads into the dead end.
 
-Each id is registered with max_episode_steps=K and its perfect score as reward_threshold, so a
-run stops once the elite memorises the whole set. In Python, `gym.make(id, num_examples=K,
-obs_dim=D, task_seed=s)` overrides the registered values, but gymnasium still applies the
-id's time limit and threshold: pass `max_episode_steps=K` too when K grows, or use a sized id.
+Each memorisation id is registered with max_episode_steps=K and its perfect score as
+reward_threshold, so a run stops once the elite memorises the whole set. In Python,
+`gym.make(id, num_examples=K, obs_dim=D, task_seed=s)` overrides the registered values, but
+gymnasium still applies the id's time limit and threshold: pass `max_episode_steps=K` too when
+K grows, or use a sized id. The maze's id has max_episode_steps=EPISODE_STEPS and
+reward_threshold=-GOAL_RADIUS, which a return reaches exactly when the robot ends within the
+goal.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import re
 
 import gymnasium as gym
 
+from neuro.envs.maze import EPISODE_STEPS, GOAL_RADIUS, DeceptiveMaze
 from neuro.envs.memorize import (
     DEFAULT_NUM_EXAMPLES,
     DEFAULT_OBS_DIM,
@@ -39,7 +47,9 @@ from neuro.envs.memorize import (
 
 __all__ = [
     "ENTRY_POINT_PREFIX",
+    "MAZE_ID",
     "NUM_CLASSES",
+    "DeceptiveMaze",
     "Memorize",
     "MemorizeUntilMistake",
     "memorize_dataset",
@@ -47,6 +57,7 @@ __all__ = [
 ]
 
 ENTRY_POINT_PREFIX = "neuro.envs."
+MAZE_ID = "neuro/DeceptiveMaze-v0"
 _TASKS = {"Memorize": Memorize, "MemorizeUntilMistake": MemorizeUntilMistake}
 _SIZED_ID = re.compile(
     r"neuro/(?P<task>Memorize|MemorizeUntilMistake)"
@@ -61,6 +72,13 @@ def register_envs(env_id: str | None = None) -> None:
     """
     for task in _TASKS:
         _register(f"neuro/{task}-v0", task, {})
+    if MAZE_ID not in gym.registry:
+        gym.register(
+            id=MAZE_ID,
+            entry_point=f"{DeceptiveMaze.__module__}:{DeceptiveMaze.__name__}",
+            max_episode_steps=EPISODE_STEPS,
+            reward_threshold=-GOAL_RADIUS,
+        )
     match = _SIZED_ID.fullmatch(env_id) if env_id is not None else None
     if match is not None:
         sizes = {name: int(value) for name, value in match.groupdict().items()

@@ -1,25 +1,27 @@
 """A deceptive maze: a point robot rewarded by closeness to a goal that a wall hides.
 
-The arena is the unit square. The robot starts inside an upside-down cup: a wall above it, a
-wall on each side, open only at the bottom. The goal lies straight above, beyond the cup's
-roof. Going up ends against the roof, the reachable point nearest the goal; the way out leads
+The arena is the unit square. The robot starts inside an upside-down cup: a roof above it, a
+side wall left and right, open only at the bottom. The goal lies straight above, beyond the
+roof. Going up ends under the roof, the reachable point nearest the goal; the way out leads
 down first, away from the goal, then around a side of the cup and over its roof:
 
-    y=1  +------------------------------+
-         |             (G)              |   G: goal (0.5, 0.9), radius 0.05
-    0.6  |     +------------------+     |   roof: y=0.6, x in [0.2, 0.8]
-         |     |                  |     |   sides: x=0.2 and x=0.8, y in [0.15, 0.6]
-         |     |        S         |     |   S: start (0.5, 0.3)
-    0.15 |     |                  |     |
-    y=0  +------------------------------+
-        x=0                            x=1
+    y=1    +----------------------------------------+
+           |                  (G)                   |  G: goal (0.5, 0.9), radius 0.05
+    y=0.6  |       +------------------------+       |  roof: y=0.6, x from 0.2 to 0.8
+           |       |           S            |       |  S: start (0.5, 0.4)
+           |       |                        |       |  sides: x=0.2 and x=0.8,
+    y=0.2  |       |                        |       |         y from 0.2 to 0.6
+           |                                        |
+    y=0    +----------------------------------------+
+          x=0     x=0.2                   x=0.8    x=1
 
 Reward 0 on every step but the episode's last, which gives -(distance to the goal): the return
 is minus the final distance. The episode ends (terminated) as soon as the robot is within the
 goal's radius, else after EPISODE_STEPS steps (truncated); so the goal was reached exactly when
-the return is >= -GOAL_RADIUS, the registered reward_threshold. A greedy search on that return
-is drawn to the roof, at distance ~0.3, and anything outside the cup scores worse until it is
-over the roof: the task is deceptive, and the way to the goal is found by novelty, not reward.
+the return is >= -GOAL_RADIUS, the registered reward_threshold. Under the roof the distance is
+0.315 at best, and every point outside the cup scores worse until it is over the roof: a
+search that follows the return is drawn into the dead end; the way to the goal is found by
+novelty.
 
 The task is deterministic: the start is fixed, the reset seed is ignored, and the return is a
 function of the actions alone. Every step's info["bc"] is the robot's (x, y) as float32, so
@@ -28,9 +30,15 @@ position.
 
 Observation (float32, all in [0, 1]): x, y, then N_SENSORS range-finder readings along fixed
 compass directions (east first, counter-clockwise), each the distance to the nearest wall over
-SENSOR_RANGE, clipped at 1. Action: Box(-1, 1, (2,)), the velocity in x and y as a fraction of
-MAX_SPEED per step. A step that would bring the robot within CLEARANCE of a wall slides along
-it (only the x or only the y part of the step) or, failing that, does not happen.
+SENSOR_RANGE, capped at 1. Action: Box(-1, 1, (2,)), the velocity along x and y as a fraction
+of MAX_SPEED per step (clipped to [-1, 1]).
+
+Walls are sticky: a step that would end within CLEARANCE of a wall is refused and the robot
+stays put. Its observation is then unchanged, so a memoryless policy (the project's mlp) stays
+against that wall for the rest of the episode. That is what makes the maze deceptive for a
+GA: a robot that slid along walls would follow the arena's boundary round the cup to the top
+by chance, and the GA would stumble on the way out; with sticky walls the way out is a path the
+policy has to steer itself. bench/maze_search.py measures both searches on this layout.
 
 The batched functions (observe, move, goal_distance) take (P, 2) positions and are what the
 env steps with, so a search can step a whole population in lockstep on the same dynamics.
@@ -44,16 +52,19 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-START = (0.5, 0.3)
+START = (0.5, 0.4)
 GOAL = (0.5, 0.9)
 GOAL_RADIUS = 0.05
+CUP_LEFT, CUP_RIGHT, CUP_BOTTOM, CUP_ROOF = 0.2, 0.8, 0.2, 0.6
+"""The cup's side walls stand at x = CUP_LEFT and CUP_RIGHT, from CUP_BOTTOM up to CUP_ROOF."""
 EPISODE_STEPS = 200
 MAX_SPEED = 0.02
 """Largest move along each axis per step, in arena units (the arena is 1 x 1)."""
 CLEARANCE = 0.015
-"""Closest the robot may come to a wall. A step is at most MAX_SPEED * sqrt(2) long, less
-than twice this, so a step that crossed a wall would end within CLEARANCE of it: checking
-where steps end is enough to keep the robot from ever passing through a wall."""
+"""Closest the robot may come to a wall along either axis. A step is at most
+MAX_SPEED * sqrt(2) long, less than twice this, so a step from a clear point that crossed a
+wall would end within CLEARANCE of it: checking where steps end is enough to keep the robot
+from ever passing through a wall."""
 N_SENSORS = 8
 SENSOR_RANGE = 0.5
 WALLS = np.array(
@@ -64,46 +75,78 @@ WALLS = np.array(
         (1.0, 1.0, 0.0, 1.0),
         (0.0, 1.0, 0.0, 0.0),
         # The cup: its roof, then its sides; open at the bottom.
-        (0.2, 0.6, 0.8, 0.6),
-        (0.2, 0.6, 0.2, 0.15),
-        (0.8, 0.6, 0.8, 0.15),
+        (CUP_LEFT, CUP_ROOF, CUP_RIGHT, CUP_ROOF),
+        (CUP_LEFT, CUP_ROOF, CUP_LEFT, CUP_BOTTOM),
+        (CUP_RIGHT, CUP_ROOF, CUP_RIGHT, CUP_BOTTOM),
     ],
     dtype=np.float64,
 )
-"""Wall segments (x0, y0, x1, y1)."""
-_WALLS = WALLS.copy()  # the dynamics read this copy, so editing WALLS cannot change them
+"""Wall segments (x0, y0, x1, y1), read-only: the dynamics' constants are derived from them."""
+WALLS.flags.writeable = False
 
 assert MAX_SPEED * math.sqrt(2) < 2 * CLEARANCE, "a step could jump over a wall"
 
-_STEP_PARTS = np.array([(1.0, 1.0), (1.0, 0.0), (0.0, 1.0)])
-"""The moves a step tries, in order: all of it, its x part, its y part."""
 _START = np.array(START, dtype=np.float64)
 _GOAL = np.array(GOAL, dtype=np.float64)
-_W0X, _W0Y = _WALLS[:, 0], _WALLS[:, 1]
-_EX, _EY = _WALLS[:, 2] - _W0X, _WALLS[:, 3] - _W0Y
-_EDGE_INV_LEN2 = 1.0 / (_EX * _EX + _EY * _EY)
-_ANGLES = np.arange(N_SENSORS) * 2 * np.pi / N_SENSORS
-_DX, _DY = np.cos(_ANGLES)[:, None], np.sin(_ANGLES)[:, None]  # (K, 1)
 
-# A ray p + t d meets a wall w0 + u e where t = (w0 - p) x e / (d x e) and
-# u = (w0 - p) x d / (d x e); the directions are fixed, so all but the p terms are constants.
-# t is counted in units of SENSOR_RANGE, so that a reading is t itself.
-with np.errstate(divide="ignore"):
-    _RAY_INV_DENOM = 1.0 / (_DX * _EY - _DY * _EX)  # (K, W)
-_RAY_INV_DENOM[~np.isfinite(_RAY_INV_DENOM)] = np.nan  # a ray parallel to a wall never hits it
-_T_SCALE = _RAY_INV_DENOM / SENSOR_RANGE
-_W0_CROSS_EDGE = _W0X * _EY - _W0Y * _EX  # (W,)
-_W0_CROSS_DIRECTION = _W0X * _DY - _W0Y * _DX  # (K, W)
+
+def _blocked_region(walls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(2, 4W) weights and (4W,) offsets: points @ weights + offsets are, per wall, the margins
+    x - left, right - x, y - bottom, top - y of the wall grown by CLEARANCE on every side; a
+    point is blocked by a wall when all four are positive.
+
+    Growing the walls into boxes needs axis-aligned walls; it turns the distance check into
+    one matrix product.
+    """
+    if not np.all((walls[:, 0] == walls[:, 2]) | (walls[:, 1] == walls[:, 3])):
+        raise ValueError("maze walls must be horizontal or vertical segments")
+    left = np.minimum(walls[:, 0], walls[:, 2]) - CLEARANCE
+    right = np.maximum(walls[:, 0], walls[:, 2]) + CLEARANCE
+    bottom = np.minimum(walls[:, 1], walls[:, 3]) - CLEARANCE
+    top = np.maximum(walls[:, 1], walls[:, 3]) + CLEARANCE
+    ones, zeros = np.ones(len(walls)), np.zeros(len(walls))
+    weights = np.array([np.concatenate([ones, -ones, zeros, zeros]),
+                        np.concatenate([zeros, zeros, ones, -ones])])  # fmt: skip
+    return weights, np.concatenate([-left, right, -bottom, top])
+
+
+def _ray_coefficients(walls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(2, 2KW) weights and (2KW,) offsets: positions @ weights + offsets are, for every
+    sensor k and wall w, t (the ray's length to the wall's line, in units of SENSOR_RANGE)
+    then 2u - 1 (where on the wall it lands: within [-1, 1] on the segment).
+
+    A ray p + t d meets the wall w0 + u e at t = (w0 - p) x e / (d x e) and
+    u = (w0 - p) x d / (d x e): both are affine in p, as the directions are fixed.
+    """
+    angles = np.arange(N_SENSORS) * 2 * np.pi / N_SENSORS
+    dx, dy = np.cos(angles)[:, None], np.sin(angles)[:, None]  # (K, 1)
+    w0x, w0y = walls[:, 0], walls[:, 1]
+    ex, ey = walls[:, 2] - w0x, walls[:, 3] - w0y  # (W,)
+    denominator = dx * ey - dy * ex  # (K, W)
+    parallel = np.abs(denominator) < 1e-12
+    inverse = np.where(parallel, 0.0, 1.0 / np.where(parallel, 1.0, denominator))
+    # t = (w0 x e - x ey + y ex) / denominator; a parallel wall gets t = -1: never a hit.
+    t_weights = np.stack([-ey * inverse, ex * inverse]) / SENSOR_RANGE
+    t_offset = np.where(parallel, -1.0, (w0x * ey - w0y * ex) * inverse / SENSOR_RANGE)
+    # 2u - 1 = 2 (w0 x d - x dy + y dx) / denominator - 1
+    u_weights = 2 * np.stack([-dy * inverse, dx * inverse])
+    u_offset = 2 * (w0x * dy - w0y * dx) * inverse - 1
+    weights = np.concatenate([t_weights.reshape(2, -1), u_weights.reshape(2, -1)], axis=1)
+    return weights, np.concatenate([t_offset.ravel(), u_offset.ravel()])
+
+
+_MARGIN_WEIGHTS, _MARGIN_OFFSETS = _blocked_region(WALLS)
+_RAY_WEIGHTS, _RAY_OFFSETS = _ray_coefficients(WALLS)
+_RAYS = N_SENSORS * len(WALLS)
 
 
 def range_readings(positions: np.ndarray) -> np.ndarray:
     """(P, N_SENSORS) distances to the nearest wall along each sensor's ray / SENSOR_RANGE."""
-    x, y = positions[:, 0:1], positions[:, 1:2]
-    # (w0 - p) x e per (P, 1, W), and (w0 - p) x d per (P, K, W).
-    t = (_W0_CROSS_EDGE - x * _EY + y * _EX)[:, None, :] * _T_SCALE
-    u = (_W0_CROSS_DIRECTION - (x * _DY.T - y * _DX.T)[:, :, None]) * _RAY_INV_DENOM
-    hits = np.where((t >= 0) & (np.abs(u - 0.5) <= 0.5), t, 1.0)
-    return np.minimum(hits.min(axis=2), 1.0)
+    coefficients = positions @ _RAY_WEIGHTS + _RAY_OFFSETS
+    t, u = coefficients[:, :_RAYS], coefficients[:, _RAYS:]
+    hit = (t >= 0) & (np.abs(u) <= 1)
+    shape = (len(positions), N_SENSORS, len(WALLS))
+    return np.min(t.reshape(shape), axis=2, where=hit.reshape(shape), initial=1.0)
 
 
 def observe(positions: np.ndarray) -> np.ndarray:
@@ -111,33 +154,20 @@ def observe(positions: np.ndarray) -> np.ndarray:
     return np.concatenate([positions, range_readings(positions)], axis=1).astype(np.float32)
 
 
-def wall_distances(points: np.ndarray) -> np.ndarray:
-    """(..., W) distance from each point of (..., 2) to each wall segment."""
-    return np.sqrt(_wall_distances_squared(points))
-
-
-def _wall_distances_squared(points: np.ndarray) -> np.ndarray:
-    ox = points[..., 0:1] - _W0X
-    oy = points[..., 1:2] - _W0Y
-    along = np.clip((ox * _EX + oy * _EY) * _EDGE_INV_LEN2, 0.0, 1.0)
-    gx = ox - along * _EX
-    gy = oy - along * _EY
-    return gx * gx + gy * gy
+def blocked(points: np.ndarray) -> np.ndarray:
+    """Whether each point of (..., 2) lies within CLEARANCE of a wall (per axis)."""
+    margins = points @ _MARGIN_WEIGHTS + _MARGIN_OFFSETS
+    depth = margins.reshape(*points.shape[:-1], 4, len(WALLS)).min(axis=-2)
+    return depth.max(axis=-1) > 0
 
 
 def move(positions: np.ndarray, actions: np.ndarray) -> np.ndarray:
-    """(P, 2) positions after one step of (P, 2) actions in [-1, 1] (clipped), walls obeyed.
+    """(P, 2) positions after one step of (P, 2) actions (clipped to [-1, 1]).
 
-    The full step if it keeps CLEARANCE from every wall, else its x part alone, else its
-    y part alone (sliding along the wall), else no move.
+    A step that would end within CLEARANCE of a wall does not happen (walls are sticky).
     """
-    step = np.clip(actions, -1.0, 1.0) * MAX_SPEED
-    candidates = positions[:, None, :] + step[:, None, :] * _STEP_PARTS  # (P, 3, 2)
-    clear = _wall_distances_squared(candidates).min(axis=2) >= CLEARANCE**2  # (P, 3)
-    # The first clear candidate; argmax says 0 when none is, which then keeps the robot put.
-    choice = np.argmax(clear, axis=1)
-    moved = candidates[np.arange(len(positions)), choice]
-    return np.where(clear.any(axis=1)[:, None], moved, positions)
+    moved = positions + np.minimum(np.maximum(actions, -1.0), 1.0) * MAX_SPEED
+    return np.where(blocked(moved)[:, None], positions, moved)
 
 
 def goal_distance(positions: np.ndarray) -> np.ndarray:
