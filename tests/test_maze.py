@@ -221,3 +221,18 @@ def test_the_search_benchmark_runs_at_a_tiny_size(tmp_path, noise_cache):
     for result in results:
         # The batch and the worker's own rollout score the best genome the same.
         assert result["replay_return"] == pytest.approx(-result["best_distance"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_novelty_escapes_the_maze_where_the_ga_is_deceived(noise_cache):
+    """The comparison of the README at a smaller budget (60 generations, not 100): the same
+    algorithms, decoder and dynamics, the population stepped in lockstep in process."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import maze_search
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    results = maze_search.main(["--generations", "60", "--seeds", "1", "2", "3", "4", "5"])
+    reached = {arm: sum(r.reached_at is not None for r in results if r.arm == arm)
+               for arm in ("ga", "ga-ns")}  # fmt: skip
+    assert reached["ga-ns"] >= 4 and reached["ga"] <= 1, reached
