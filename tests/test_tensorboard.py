@@ -68,6 +68,14 @@ def record(**fields: object) -> GenerationRecord:
           "extra": {"theta_rank": None}},
          GenerationStats(None, None, 0, None),
          {"fleet/workers": 0.0, "fleet/leases_reissued": 3.0, "frames": 52_000.0}),
+        # Novelty search: the archive's size and the offspring's novelty.
+        ({"score_mean": math.nan, "score_max": math.nan, "elite_score": math.nan,
+          "extra": {"archive_size": 120, "archive_added": 2, "novelty_mean": 0.25,
+                    "novelty_max": 0.75}},
+         GenerationStats(None, None, 0, None),
+         {"fleet/workers": 0.0, "fleet/leases_reissued": 3.0, "frames": 52_000.0,
+          "algo/archive_size": 120.0, "algo/archive_added": 2.0, "algo/novelty_mean": 0.25,
+          "algo/novelty_max": 0.75}),
     ],
 )  # fmt: skip
 def test_the_scalars_of_a_generation(
