@@ -164,3 +164,30 @@ class Recording:
     def put_object(self, **kwargs: Any) -> Any:
         self.puts.append(kwargs["Key"])
         return self.client.put_object(**kwargs)
+
+
+NOVELTY_LINE_BOUND = 700
+"""GA-NS adds its archive and novelty figures to a GA line (NS-ES to an ES line: 850)."""
+
+
+@pytest.mark.parametrize(
+    ("extra", "bound"),
+    [
+        ({"archive_size": BIGGEST_INT, "archive_added": BIGGEST_INT,
+          "novelty_mean": LONGEST_FLOAT, "novelty_max": LONGEST_FLOAT}, NOVELTY_LINE_BOUND),
+        ({"theta_rank": BIGGEST_INT, "population": BIGGEST_INT, "grad_norm": LONGEST_FLOAT,
+          "observation_count": LONGEST_FLOAT, "member": BIGGEST_INT, "archive_size": BIGGEST_INT,
+          "novelty_mean": LONGEST_FLOAT, "novelty_max": LONGEST_FLOAT}, 850),
+    ],
+)  # fmt: skip
+def test_a_novelty_search_line_is_bounded_too(tmp_path: Path, extra, bound) -> None:
+    directory = run_directory(tmp_path)
+    counters = ("frames", "evaluations", "generation_evaluations", "generation_frames",
+                "failed_evaluations", "leases_reissued")  # fmt: skip
+    figures = ("wall_s", "score_mean", "score_max", "elite_score")
+    seeds = list(range(2**32 - 100_000, 2**32))
+    worst = record(BIGGEST_INT, seeds, **dict.fromkeys(counters, BIGGEST_INT),
+                   **dict.fromkeys(figures, LONGEST_FLOAT), extra=extra)  # fmt: skip
+    directory.append_metrics(worst)
+    (line,) = (tmp_path / "metrics.jsonl").read_bytes().splitlines()
+    assert len(line) <= bound, len(line)

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GenerationRecord:
-    """One line of metrics.jsonl: at most 560 bytes for the GA (ES: 680), whatever the generation.
+    """One line of metrics.jsonl: at most 560 bytes for the GA (ES: 680; GA-NS: 700; NS-ES: 850),
+    whatever the generation.
 
     The elite's seed list grows by a seed a generation, so the line names it by sha256 and
     length (elite_sha256, elite_length); the list is in the run dir's genomes/<sha256>.json.
