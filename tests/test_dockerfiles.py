@@ -223,10 +223,13 @@ def test_worker_installs_the_makefiles_cpu_torch_before_the_project() -> None:
     stage = parse(DOCKERFILES["worker"])[0]
     runs = [ins for ins in stage if ins.keyword == "RUN"]
     torch_runs = [i for i, ins in enumerate(runs) if spec in shlex.split(ins.args)]
-    assert project_install("worker") == "./[worker]"
-    project_runs = [i for i, ins in enumerate(runs) if "./[worker]" in shlex.split(ins.args)]
+    # MuJoCo tasks (ES on Hopper-v5, ...) run on the same image.
+    assert project_install("worker") == "./[worker,mujoco]"
+    project_runs = [
+        i for i, ins in enumerate(runs) if "./[worker,mujoco]" in shlex.split(ins.args)
+    ]
     assert len(torch_runs) == 1 and len(project_runs) == 1, [ins.args for ins in runs]
-    assert torch_runs[0] < project_runs[0], "torch must be in place before ./[worker] resolves"
+    assert torch_runs[0] < project_runs[0], "torch must be in place before the project resolves"
     words = shlex.split(runs[torch_runs[0]].args)
     assert words[words.index("--index-url") + 1] == CPU_INDEX, runs[torch_runs[0]].args
     # Any other torch mention in an instruction would be a second, unpinned install.
@@ -276,7 +279,8 @@ def test_the_context_builds_a_wheel_with_the_packages_and_no_tests(
     # What the builder's `pip install "./[extra]"` sees in /src: the COPY sources, as the
     # context filters them. Its extra must exist; what the extra pulls in is pip's business.
     target = project_install(role)
-    assert target.removeprefix("./[").rstrip("]") in PYPROJECT["project"]["optional-dependencies"]
+    extras = target.removeprefix("./[").rstrip("]").split(",")
+    assert set(extras) <= set(PYPROJECT["project"]["optional-dependencies"]), extras
     source = tmp_path / "src"
     for relative in context_files(copy_sources(DOCKERFILES[role])):
         (source / relative).parent.mkdir(parents=True, exist_ok=True)
