@@ -90,6 +90,9 @@ class RunConfig:
             if (getattr(self, section) is not None) != (section in sections):
                 state = "needs" if section in sections else "takes no"
                 raise ValueError(f"algorithm {self.algorithm!r} {state} {section} settings")
+        if self.es is not None and self.es.observation_norm and self.algorithm != "es":
+            # NS-ES's members would need a normaliser each; only plain ES keeps one.
+            raise ValueError(f"observation_norm is an --algo es setting, not {self.algorithm}'s")
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"architecture {self.architecture!r} is not one of {ARCHITECTURES}")
         if self.atari_dynamics not in ATARI_DYNAMICS:

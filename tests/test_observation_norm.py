@@ -146,3 +146,8 @@ def test_es_with_observation_normalisation_runs_hopper_end_to_end(tmp_path: Path
     vector = np.load(run_dir / elite["parameters"]["file"])
     std = vector[-11:]
     assert np.all(std > 0) and not np.allclose(std, std[0])  # learnt from Hopper's states
+
+
+def test_novelty_es_refuses_observation_normalisation_it_would_ignore() -> None:
+    with pytest.raises(ValueError, match="observation_norm is an --algo es setting, not ns-es"):
+        preset(inspect_env_id("Pendulum-v1"), algorithm="ns-es", observation_norm=True)
