@@ -225,9 +225,7 @@ def test_worker_installs_the_makefiles_cpu_torch_before_the_project() -> None:
     torch_runs = [i for i, ins in enumerate(runs) if spec in shlex.split(ins.args)]
     # MuJoCo tasks (ES on Hopper-v5, ...) run on the same image.
     assert project_install("worker") == "./[worker,mujoco]"
-    project_runs = [
-        i for i, ins in enumerate(runs) if "./[worker,mujoco]" in shlex.split(ins.args)
-    ]
+    project_runs = [i for i, ins in enumerate(runs) if "./[worker,mujoco]" in shlex.split(ins.args)]
     assert len(torch_runs) == 1 and len(project_runs) == 1, [ins.args for ins in runs]
     assert torch_runs[0] < project_runs[0], "torch must be in place before the project resolves"
     words = shlex.split(runs[torch_runs[0]].args)
