@@ -79,3 +79,34 @@ def test_the_fleet_path_plays_each_task_in_its_inference_dtype(tmp_path):
     # Freed networks are reused only by tasks of the same dtype.
     runner.start("c", f32, f32)
     assert [lp.policy.inference_dtype for lp in runner._loaded.values()] == ["float32"]
+
+
+def test_a_task_whose_env_raises_mid_episode_fails_alone_and_frees_its_slot(tmp_path):
+    runner = SlotRunner(Evaluator(str(tmp_path)), capacity=2)
+    runner.start("good", None, cartpole_task((7, 8), 1, 1))
+    runner.start("bad", None, cartpole_task((7, 9), 1, 2))
+    env = runner._tasks["bad"].handle.env
+    steps = 0
+    real_step = env.step
+
+    def breaks_on_the_fifth_step(action):
+        nonlocal steps
+        steps += 1
+        if steps == 5:
+            raise RuntimeError("simulation became unstable")
+        return real_step(action)
+
+    env.step = breaks_on_the_fifth_step
+    finished = {}
+    while runner.busy:
+        finished.update({task_id: evaluation for task_id, _, evaluation in runner.step()})
+    assert finished["bad"].error == "RuntimeError: simulation became unstable"
+    assert finished["bad"].returns == []
+    assert not finished["good"].error and len(finished["good"].returns) == 1
+    assert runner.free == 2  # the failed task's slot is free again
+    # The runner goes on with new tasks, on a fresh env: the failed one was not kept.
+    assert env not in [h.env for h in runner._envs._free[("CartPole-v1", "paper")]]
+    runner.start("next", None, cartpole_task((7, 8), 1, 1))
+    while runner.busy:
+        finished.update({task_id: evaluation for task_id, _, evaluation in runner.step()})
+    assert finished["next"].returns == finished["good"].returns

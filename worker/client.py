@@ -311,6 +311,12 @@ class WorkerClient:
         results = []
         for task_id, task, evaluation in finished:
             result = pb.TaskResult(task_id=task_id, run_id=task.run_id)
+            if evaluation.error:
+                log.warning("task %s failed mid-episode: %s", task_id, evaluation.error)
+                result.error = evaluation.error[:MAX_ERROR_CHARS]
+                self.counters.tasks_failed += 1
+                results.append(result)
+                continue
             result.episode_returns.extend(evaluation.returns)
             result.episode_frames.extend(evaluation.frames)
             result.frames = sum(evaluation.frames)

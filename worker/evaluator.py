@@ -91,6 +91,8 @@ class Evaluation:
     """Each episode's behaviour characterisation, when the task asks for them."""
     observations: ObservationStats | None = None
     """The sums of every observation the policy was fed, when the task asks for them."""
+    error: str = ""
+    """Set when the task's env or policy raised mid-episode: it failed, with no returns."""
 
     @classmethod
     def of(cls, episodes: Sequence[EpisodeResult]) -> Evaluation:

@@ -92,9 +92,13 @@ class Rollout:
     from there, so a run is reproducible from (actor, env, seed) alone.
     """
 
-    def __init__(self, timers: StepTimers | None = None) -> None:
+    def __init__(self, timers: StepTimers | None = None, contain_failures: bool = False) -> None:
+        """`contain_failures`: a run whose env or actor raises ends alone, kept for
+        take_failures(), instead of the exception ending step() for every run."""
         self.timers = timers or StepTimers()
         self._lanes: dict[Hashable, _Lane] = {}
+        self._contain = contain_failures
+        self._failures: list[tuple[Hashable, str]] = []
 
     def __repr__(self) -> str:
         return f"Rollout(runs={len(self._lanes)}, {self.timers})"
@@ -144,15 +148,28 @@ class Rollout:
         """Abandons a run mid-episode; False if there is none under `key`."""
         return self._lanes.pop(key, None) is not None
 
+    def take_failures(self) -> list[tuple[Hashable, str]]:
+        """Runs that ended because their env or actor raised (with contain_failures), and why."""
+        failures, self._failures = self._failures, []
+        return failures
+
+    def _failed(self, keys: Sequence[Hashable], error: Exception) -> None:
+        if not self._contain:
+            raise error
+        for key in keys:
+            if self._lanes.pop(key, None) is not None:
+                self._failures.append((key, f"{type(error).__name__}: {error}"))
+
     def step(self) -> list[tuple[Hashable, list[EpisodeResult]]]:
         """One agent step in every env; returns the runs that finished, with their episodes."""
-        by_actor: dict[int, list[_Lane]] = defaultdict(list)
-        for lane in self._lanes.values():
+        by_actor: dict[int, list[tuple[Hashable, _Lane]]] = defaultdict(list)
+        for key, lane in self._lanes.items():
             # A vector sub-env pressing its reset's FIRE takes no agent action this step.
             if getattr(lane.handle.env, "ready", True):
-                by_actor[id(lane.actor)].append(lane)
+                by_actor[id(lane.actor)].append((key, lane))
         started = time.perf_counter()
-        for lanes in by_actor.values():
+        for members in by_actor.values():
+            lanes = [lane for _, lane in members]
             batch = np.stack([lane.observation for lane in lanes])
             for row, lane in enumerate(lanes):
                 if lane.sums is not None:
@@ -160,7 +177,12 @@ class Rollout:
                     lane.sums[0] += 1
                     lane.sums[1] += observed
                     lane.sums[2] += observed * observed
-            for lane, action in zip(lanes, lanes[0].actor.act_batch(batch), strict=True):
+            try:
+                actions = lanes[0].actor.act_batch(batch)
+            except Exception as error:  # e.g. a policy that cannot read this observation
+                self._failed([key for key, _ in members], error)
+                continue
+            for lane, action in zip(lanes, actions, strict=True):
                 lane.action = action
             self.timers.forward_calls += 1
         stepped = time.perf_counter()
@@ -172,11 +194,16 @@ class Rollout:
             if group is not None:
                 groups[id(group)].append((key, lane))
                 continue
-            # Envs check actions against their space: a Discrete one wants an int.
-            action = int(lane.action) if lane.discrete else lane.action
-            observation, reward, terminated, truncated, info = lane.handle.env.step(action)
-            lane.observation, lane.info = observation, info
-            if self._after_step(lane, float(reward), bool(terminated or truncated)):
+            try:
+                # Envs check actions against their space: a Discrete one wants an int.
+                action = int(lane.action) if lane.discrete else lane.action
+                observation, reward, terminated, truncated, info = lane.handle.env.step(action)
+                lane.observation, lane.info = observation, info
+                ended = self._after_step(lane, float(reward), bool(terminated or truncated))
+            except Exception as error:  # the env (or its behaviour, or its reset) failed
+                self._failed([key], error)
+                continue
+            if ended:
                 del self._lanes[key]
                 finished.append((key, lane.results))
         for members in groups.values():
@@ -189,7 +216,11 @@ class Rollout:
         group = members[0][1].handle.env.group
         actions = {lane.handle.env.index: int(lane.action) for _, lane in members
                    if lane.handle.env.ready}  # fmt: skip
-        result = group.step(actions)
+        try:
+            result = group.step(actions)
+        except Exception as error:  # one C++ call steps them all: they fail together
+            self._failed([key for key, _ in members], error)
+            return []
         finished = []
         for key, lane in members:
             index = lane.handle.env.index
@@ -197,7 +228,12 @@ class Rollout:
             if not result.counted[index]:
                 continue
             over = bool(result.terminated[index] or result.truncated[index])
-            if self._after_step(lane, float(result.rewards[index]), over):
+            try:
+                ended = self._after_step(lane, float(result.rewards[index]), over)
+            except Exception as error:
+                self._failed([key], error)
+                continue
+            if ended:
                 del self._lanes[key]
                 finished.append((key, lane.results))
         return finished

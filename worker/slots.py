@@ -8,6 +8,7 @@ loaded once per task.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -49,7 +50,8 @@ class SlotRunner:
         self.evaluator = evaluator
         self.capacity = capacity
         self.timers = timers or StepTimers()
-        self._rollout = Rollout(self.timers)
+        # One task's env or policy failing ends that task alone, reported as its error.
+        self._rollout = Rollout(self.timers, contain_failures=True)
         self._tasks: dict[str, _Task] = {}
         # One single-env C++ group per busy slot, not one group of `capacity` sub-envs: a
         # vector env steps all of its sub-envs on every call, and in the offspring phase a
@@ -96,11 +98,15 @@ class SlotRunner:
             raise
 
     def step(self) -> list[tuple[str, Any, Evaluation]]:
-        """One agent step in every slot; returns the tasks that finished (id, task, returns)."""
+        """One agent step in every slot; returns the tasks that finished (id, task, returns),
+        those whose env or policy raised with an Evaluation that names the error."""
         finished = []
         for task_id, episodes in self._rollout.step():
             task = self._release(task_id)
             finished.append((task_id, task.task, Evaluation.of(episodes)))
+        for task_id, error in self._rollout.take_failures():
+            task = self._release(task_id, env_usable=False)
+            finished.append((task_id, task.task, Evaluation([], [], error=error)))
         return finished
 
     def drop(self, task_id: str) -> Any | None:
@@ -135,10 +141,16 @@ class SlotRunner:
         self._loaded[key] = _LoadedPolicy(policy, 1)
         return policy
 
-    def _release(self, task_id: str) -> _Task:
-        """Frees a task's slot: its env back to the pool, its policy to the spares if unused."""
+    def _release(self, task_id: str, env_usable: bool = True) -> _Task:
+        """Frees a task's slot: its env back to the pool (closed instead if it failed: its
+        state is unknown), its policy to the spares if unused."""
         task = self._tasks.pop(task_id)
-        self._envs.give(task.spec.env_id, task.spec.atari_dynamics, task.handle)
+        if env_usable or getattr(task.handle.env, "group", None) is not None:
+            # A vector sub-env goes back to its group either way: the group keeps count.
+            self._envs.give(task.spec.env_id, task.spec.atari_dynamics, task.handle)
+        else:
+            with contextlib.suppress(Exception):  # it failed already; closing is best effort
+                task.handle.env.close()
         loaded = self._loaded[task.genome_key]
         loaded.users -= 1
         if loaded.users == 0:
