@@ -82,7 +82,11 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         current = run_dir / CURRENT
-        if current.exists() or current.is_symlink():
+        if _written_here(current):
+            # This process wrote and fsynced it: reading and hashing it (and a 48 MB ES
+            # sidecar) again on every save would only repeat what it already knows.
+            os.replace(current, run_dir / PREVIOUS)
+        elif current.exists() or current.is_symlink():
             try:
                 _verify(run_dir, current)
             except ValueError as error:
@@ -94,6 +98,7 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> None:
                 # loader falls back to it.
                 os.replace(current, run_dir / PREVIOUS)
         os.replace(tmp, current)
+        _remember_written(current, payload)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -102,6 +107,33 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any]) -> None:
         os.fsync(directory)  # the renames themselves survive a power cut
     finally:
         os.close(directory)
+
+
+_written: dict[Path, list[tuple[Path, tuple[int, int, int] | None]]] = {}
+"""Checkpoint path -> (file, (inode, size, mtime)) of the checkpoint this process last wrote
+there and of the ES state file it names, if any."""
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _remember_written(path: Path, payload: dict[str, Any]) -> None:
+    sidecar = payload.get("sidecar")
+    files = [path] + ([path.parent / sidecar["file"]] if isinstance(sidecar, dict) else [])
+    _written[path.resolve()] = [(f, _identity(f)) for f in files]
+
+
+def _written_here(path: Path) -> bool:
+    """Whether `path` and its ES state are still exactly what this process wrote there."""
+    remembered = _written.get(path.resolve())
+    return remembered is not None and all(
+        identity is not None and _identity(f) == identity for f, identity in remembered
+    )
 
 
 def _corrupt_name(run_dir: Path) -> Path:

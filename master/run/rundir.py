@@ -3,14 +3,15 @@ and genomes/ (each distinct elite once, named by the sha256 its metrics lines ca
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -34,17 +35,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def write_array_atomic(path: Path, array: np.ndarray) -> str:
     """Saves an .npy via a temp file, fsync and rename; returns the sha256 of its values."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array, allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _atomic_file(path) as f:
+        np.save(f, array, allow_pickle=False)
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
@@ -55,12 +47,19 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def write_bytes_atomic(path: Path, chunks: Iterable[bytes]) -> None:
     """write_text_atomic for a stream of bytes (e.g. a download)."""
+    with _atomic_file(path) as f:
+        for chunk in chunks:
+            f.write(chunk)
+
+
+@contextlib.contextmanager
+def _atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A temp file beside `path`, fsynced and renamed over it on success, removed on failure."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
