@@ -10,7 +10,9 @@ workers and reports (exactly so while the sums stay exactly representable).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -60,6 +62,20 @@ class ObservationStats:
         """The statistics of a batch of observations (leading axis: one per step)."""
         x = np.asarray(observations, dtype=np.float64).reshape(len(observations), -1)
         return cls(float(len(x)), x.sum(axis=0), np.square(x).sum(axis=0))
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form; float64 sums round-trip exactly (Python writes the shortest repr)."""
+        return {"count": self.count, "sum": self.total.tolist(),
+                "sum_of_squares": self.squares.tolist()}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> ObservationStats:
+        """Inverse of to_json."""
+        return cls(
+            float(document["count"]),
+            np.array(document["sum"], dtype=np.float64),
+            np.array(document["sum_of_squares"], dtype=np.float64),
+        )
 
     @property
     def size(self) -> int:

@@ -120,14 +120,7 @@ class ESState:
             "theta_rank": self.theta_rank,
             "num_params": int(self.theta.size),
             "arrays_sha256": self.arrays_sha256(),
-            # float64 sums round-trip exactly through JSON (shortest repr).
-            "observations": None
-            if self.observations is None
-            else {
-                "count": self.observations.count,
-                "sum": self.observations.total.tolist(),
-                "sum_of_squares": self.observations.squares.tolist(),
-            },
+            "observations": None if self.observations is None else self.observations.to_json(),
         }
 
     @classmethod
@@ -138,11 +131,7 @@ class ESState:
             raise ValueError(f"ES arrays have {arrays.dtype} {arrays.shape}, expected (3, n) f32")
         score = data["elite_score"]
         stats = data.get("observations")  # absent before observation normalisation
-        observations = None
-        if stats is not None:
-            observations = ObservationStats(
-                float(stats["count"]), np.array(stats["sum"]), np.array(stats["sum_of_squares"])
-            )
+        observations = None if stats is None else ObservationStats.from_json(stats)
         return cls(
             generation=int(data["generation"]),
             theta=arrays[0].copy(),
@@ -228,6 +217,31 @@ def adam_step(
     step = config.learning_rate * math.sqrt(1 - config.beta2**t) / (1 - config.beta1**t)
     theta = theta + step * m / (np.sqrt(v) + 1e-8)
     return theta.astype(np.float32), m.astype(np.float32), v.astype(np.float32)
+
+
+def update_requests(
+    generation: int, noise_indices: Sequence[int], eval_episodes: int
+) -> list[EvaluationRequest]:
+    """An update's evaluations: + and - of each noise index, then theta itself (sign 0)."""
+    g = generation
+    requests = []
+    for i, index in enumerate(noise_indices):
+        for sign, name in ((1, "+"), (-1, "-")):
+            requests.append(EvaluationRequest(f"v{g}/p/{i}{name}", Perturbation(g, index, sign), 1))
+    requests.append(EvaluationRequest(f"v{g}/{THETA}", Perturbation(g, 0, 0), eval_episodes))
+    return requests
+
+
+def theta_figures(
+    scores: Sequence[float], theta_returns: Sequence[float]
+) -> tuple[float, int | None]:
+    """theta's mean return (NaN unless every episode scored) and how many perturbations scored
+    strictly above its first episode (None when that episode failed)."""
+    score = float(np.mean(theta_returns)) if all(map(math.isfinite, theta_returns)) else math.nan
+    rank = None
+    if math.isfinite(theta_returns[0]):
+        rank = sum(1 for s in scores if math.isfinite(s) and s > theta_returns[0])
+    return score, rank
 
 
 class EvolutionStrategy(Algorithm):
@@ -338,16 +352,8 @@ class EvolutionStrategy(Algorithm):
 
     def ask(self) -> list[EvaluationRequest]:
         """Every perturbation of this update, + and - per pair, then theta itself."""
-        g = self.state.generation
-        requests = []
-        for i, index in enumerate(self.state.noise_indices):
-            for sign, name in ((1, "+"), (-1, "-")):
-                perturbation = Perturbation(g, index, sign)
-                requests.append(EvaluationRequest(f"v{g}/p/{i}{name}", perturbation, 1))
-        requests.append(
-            EvaluationRequest(f"v{g}/{THETA}", Perturbation(g, 0, 0), self.config.eval_episodes)
-        )
-        return requests
+        state = self.state
+        return update_requests(state.generation, state.noise_indices, self.config.eval_episodes)
 
     def tell(
         self,
@@ -384,12 +390,7 @@ class EvolutionStrategy(Algorithm):
                 self.num_params,
                 self.config.sigma,
             )
-        theta_score = (
-            float(np.mean(theta_returns)) if all(map(math.isfinite, theta_returns)) else math.nan
-        )
-        rank = None
-        if math.isfinite(theta_returns[0]):
-            rank = sum(1 for s in scores if math.isfinite(s) and s > theta_returns[0])
+        theta_score, rank = theta_figures(scores, theta_returns)
         evaluated = Parameters(
             state.generation, state.theta, observation_norm=self.observation_norm()
         )

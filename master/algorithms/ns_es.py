@@ -23,18 +23,18 @@ from master.algorithms.base import (
     Behaviours,
     EvaluationRequest,
     Parameters,
-    Perturbation,
     check_behaviours,
     check_format,
     check_returns,
 )
 from master.algorithms.es import (
-    THETA,
     ESConfig,
     ESSummary,
     adam_step,
     centered_ranks,
     gradient_estimate,
+    theta_figures,
+    update_requests,
 )
 from master.algorithms.novelty import (
     NoveltyArchive,
@@ -292,16 +292,8 @@ class NoveltySearchES(Algorithm):
 
     def ask(self) -> list[EvaluationRequest]:
         """Every perturbation of the selected member, + and - per pair, then the member itself."""
-        g = self.state.generation
-        requests = []
-        for i, index in enumerate(self.state.noise_indices):
-            for sign, name in ((1, "+"), (-1, "-")):
-                perturbation = Perturbation(g, index, sign)
-                requests.append(EvaluationRequest(f"v{g}/p/{i}{name}", perturbation, 1))
-        requests.append(
-            EvaluationRequest(f"v{g}/{THETA}", Perturbation(g, 0, 0), self.config.eval_episodes)
-        )
-        return requests
+        state = self.state
+        return update_requests(state.generation, state.noise_indices, self.config.eval_episodes)
 
     def tell(
         self,
@@ -328,12 +320,7 @@ class NoveltySearchES(Algorithm):
                          state.archive.behaviours, self.novelty_config.k)  # fmt: skip
         values[~np.isfinite(scores)] = np.nan
         grad = self._gradient(scores, values)
-        theta_score = (
-            float(np.mean(theta_returns)) if all(map(math.isfinite, theta_returns)) else math.nan
-        )
-        rank = None
-        if math.isfinite(theta_returns[0]):
-            rank = int(np.sum(np.isfinite(scores) & (scores > theta_returns[0])))
+        theta_score, rank = theta_figures(scores.tolist(), theta_returns)
         evaluated = Parameters(state.generation, state.thetas[m])
         if grad is not None:
             state.adam_steps[m] += 1

@@ -69,12 +69,7 @@ class TaskExtras(NamedTuple):
         if self.behaviours is not None:
             document["behaviours"] = self.behaviours.tolist()
         if self.observations is not None:
-            stats = self.observations
-            document["observations"] = {
-                "count": stats.count,
-                "sum": stats.total.tolist(),
-                "sum_of_squares": stats.squares.tolist(),
-            }
+            document["observations"] = self.observations.to_json()
         return document
 
     @classmethod
@@ -84,11 +79,7 @@ class TaskExtras(NamedTuple):
         stats = document.get("observations")
         return cls(
             None if behaviours is None else np.array(behaviours, dtype=np.float32),
-            None
-            if stats is None
-            else ObservationStats(
-                float(stats["count"]), np.array(stats["sum"]), np.array(stats["sum_of_squares"])
-            ),
+            None if stats is None else ObservationStats.from_json(stats),
         )
 
 
