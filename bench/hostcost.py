@@ -245,9 +245,12 @@ def _forward_costs(architecture: str, dtype: str, keyword: str | None, sets: int
 
     torch.set_num_threads(1)
     first = _build(architecture, dtype, keyword)
-    module = _inference_module(first)
-    tensors = [*module.parameters(), *module.buffers()]
-    weight_bytes = sum(t.numel() * t.element_size() for t in tensors) or first.num_params * 4
+    if hasattr(first, "weight_bytes_per_forward"):
+        weight_bytes = first.weight_bytes_per_forward()
+    else:  # a worker from before the method
+        module = _inference_module(first)
+        tensors = [*module.parameters(), *module.buffers()]
+        weight_bytes = sum(t.numel() * t.element_size() for t in tensors) or first.num_params * 4
     if l3_bytes:  # enough sets that together they are at least 4x the L3
         sets = max(sets, math.ceil(4 * l3_bytes / weight_bytes))
     policies = [first, *(_build(architecture, dtype, keyword) for _ in range(sets - 1))]
@@ -279,7 +282,8 @@ def _forward_costs(architecture: str, dtype: str, keyword: str | None, sets: int
         "dtype": dtype,
         "params": first.num_params,
         "bytes_per_forward": weight_bytes,
-        "flops_per_forward": _flops(first, obs),
+        "flops_per_forward": sum(_flops(first, obs).values()),
+        "flops_by_dtype": _flops(first, obs),
         "layer_ms": _layer_ms(first, obs, repeats),
         "idle_ms": idle,
         "loaded_ms": loaded,
@@ -329,24 +333,27 @@ def _layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
     return {name: total / repeats * 1e3 for name, total in totals.items()}
 
 
-def _flops(policy: Any, obs: Any) -> int:
-    """Multiply-adds x 2 of one batch-1 forward pass, from the layers' output shapes."""
+def _flops(policy: Any, obs: Any) -> dict[str, int]:
+    """Multiply-adds x 2 of one batch-1 forward pass, from the layers' output shapes, by the
+    dtype each layer computes in (an int8 dense layer has in_features but no float weight)."""
     import torch
     from torch import nn
 
-    flops = 0
+    flops: dict[str, int] = {}
 
     def count(layer: Any, _: Any, output: Any) -> None:
-        nonlocal flops
+        weight = getattr(layer, "weight", None)
+        dtype = str(weight.dtype).removeprefix("torch.") if weight is not None else "int8"
         if isinstance(layer, nn.Conv2d):
             kh, kw = layer.kernel_size
-            flops += 2 * output.numel() * layer.in_channels * kh * kw // layer.groups
-        elif isinstance(layer, nn.Linear):
-            flops += 2 * output.numel() * layer.in_features
+            n = 2 * output.numel() * layer.in_channels * kh * kw // layer.groups
+        else:
+            n = 2 * output.numel() * layer.in_features
+        flops[dtype] = flops.get(dtype, 0) + n
 
     module = _inference_module(policy)
     handles = [m.register_forward_hook(count) for m in module.modules()
-               if isinstance(m, nn.Conv2d | nn.Linear)]  # fmt: skip
+               if isinstance(m, nn.Conv2d | nn.Linear) or hasattr(m, "in_features")]  # fmt: skip
     try:
         with torch.inference_mode():
             policy.act_batch(obs)

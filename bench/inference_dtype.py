@@ -1,10 +1,10 @@
 """Forward-pass precision for the paper's 4M network: speed, load cost, and what it changes.
 
-Per dtype (float32; bfloat16 as Policy runs it; int8 = torch dynamic quantisation of the Linear
-layers, a candidate measured here only), on one core: ms per forward at batch 1 (offspring) and
-16 (elite re-evaluation), ms per load_parameters (decode excluded; int8 quantises on every load),
-and weight bytes one step reads. Then agreement: random genomes play Frostbite with the float32
-policy, and at every visited observation each dtype's greedy action is compared with float32's.
+Per dtype (float32, bfloat16 and int8 as Policy runs them), on one core: ms per forward at
+batch 1 (offspring) and 16 (elite re-evaluation), ms per load_parameters (decode excluded; int8
+quantises on every load), and weight bytes one step reads. Then agreement: random genomes play
+Frostbite with the float32 policy, and at every visited observation each dtype's greedy action
+is compared with float32's.
 Last, a trained genome's scores under each dtype, over the same env seeds.
 
     python bench/inference_dtype.py --json bench/results/inference-dtype.json
@@ -13,12 +13,10 @@ Last, a trained genome's scores under each dtype, over the same env seeds.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,39 +37,6 @@ DTYPES = ("float32", "bfloat16", "int8")
 TRAINED_GENOME = REPO / "bench" / "results" / "frostbite-best-genome.json"
 
 
-class Int8Policy:
-    """A float32 policy whose Linear layers are dynamically quantised to int8 on each load."""
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-        self.num_params = policy.num_params
-        self.load_parameters(policy.flat_parameters.copy())
-
-    def load_parameters(self, flat: np.ndarray) -> None:
-        """Float32 load, then per-channel int8 quantisation of the Linear weights."""
-        self.policy.load_parameters(flat)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated upstream
-            self.module = torch.ao.quantization.quantize_dynamic(
-                copy.deepcopy(self.policy.module), {torch.nn.Linear}, dtype=torch.qint8
-            )
-
-    def act_batch(self, observations: np.ndarray) -> np.ndarray:
-        """Greedy actions, as Policy.act_batch (Discrete spaces starting at 0)."""
-        with torch.inference_mode():
-            out = self.module(torch.from_numpy(np.ascontiguousarray(observations))).numpy()
-        return np.argmax(out, axis=1)
-
-    def weight_bytes(self) -> int:
-        """Int8 Linear weights, float32 for the rest."""
-        total = 0
-        for name, p in self.policy.module.named_parameters():
-            linear = isinstance(self.policy.module.get_submodule(name.rsplit(".", 1)[0]),
-                                torch.nn.Linear)  # fmt: skip
-            total += p.numel() * (1 if linear and name.endswith(".weight") else 4)
-        return total
-
-
 def median_ms(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
     """Median and quartile range in ms of `repeats` calls, after two warm-up calls."""
     fn(), fn()
@@ -84,20 +49,10 @@ def median_ms(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
     return {"median": round(q[1], 4), "p25": round(q[0], 4), "p75": round(q[2], 4)}
 
 
-def build(dtype: str, handle: Any) -> Any:
+def build(dtype: str, handle: Any) -> Policy:
     """A deepga policy of this dtype for the env's spaces."""
     env = handle.env
-    if dtype == "int8":
-        return Int8Policy(build_policy("deepga", env.observation_space, env.action_space))
     return build_policy("deepga", env.observation_space, env.action_space, inference_dtype=dtype)
-
-
-def weight_bytes(policy: Any) -> int:
-    """Bytes of weights one forward step reads."""
-    if isinstance(policy, Int8Policy):
-        return policy.weight_bytes()
-    module = policy._inference_module
-    return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
 def random_genomes(count: int, policy: Policy, table: np.ndarray, rng: np.random.Generator):
@@ -114,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--noise-table-size", type=int, default=2**26)
     parser.add_argument("--forward-repeats", type=int, default=300)
     parser.add_argument("--load-repeats", type=int, default=30)
-    parser.add_argument("--genomes", type=int, default=8)
+    parser.add_argument("--genomes", type=int, default=16)
     parser.add_argument("--episodes", type=int, default=2, help="per random genome")
     parser.add_argument("--max-steps", type=int, default=2000, help="per agreement episode")
     parser.add_argument("--trained-genome", default=str(TRAINED_GENOME),
@@ -139,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     shape = base.observation_shape
     for dtype, policy in policies.items():
         policy.load_parameters(theta)
-        entry: dict[str, Any] = {"weight_bytes_per_step": weight_bytes(policy)}
+        entry: dict[str, Any] = {"weight_bytes_per_step": policy.weight_bytes_per_forward()}
         for batch in (1, 16):
             obs = rng.integers(0, 256, (batch, *shape), dtype=np.uint8)
             entry[f"forward_ms_batch_{batch}"] = median_ms(

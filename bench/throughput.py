@@ -301,10 +301,15 @@ def core_hours(mix: dict | None, price: float) -> dict | None:
 
 def floor(ceiling: dict, host: dict, forward: dict, training: dict) -> dict:
     """Emulator ms per step (C++) + max(bytes / bandwidth, FLOPs / peak), vs the measured step."""
-    dtype = forward["dtype"]
-    peak = host["peak_flop_per_s"].get(dtype) or host["peak_flop_per_s"].get("float32")
+    peaks = host["peak_flop_per_s"]
     memory_ms = forward["bytes_per_forward"] / host["bytes_per_s"] * 1e3
-    compute_ms = forward["flops_per_forward"] / peak * 1e3 if peak else 0.0
+    # Each layer at the peak of the dtype it computes in (int8: dense layers int8, convolutions
+    # bfloat16), so the compute floor is a sum of per-dtype times.
+    by_dtype = forward.get("flops_by_dtype") or {forward["dtype"]: forward["flops_per_forward"]}
+    compute_ms = 0.0
+    for dtype, flops in by_dtype.items():
+        peak = peaks.get(dtype) or peaks.get("float32")
+        compute_ms += flops / peak * 1e3 if peak else 0.0
     forward_floor = max(memory_ms, compute_ms)
     step_floor = ceiling["ms_per_env_step"] + forward_floor
     offspring = training["phases"].get("offspring", {}).get("ms_per_step_per_core")
@@ -331,7 +336,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--emulator-seconds", type=float, default=20.0)
     parser.add_argument("--vector-envs", type=int, default=1,
                         help="num_envs of each ceiling process's vector env")  # fmt: skip
-    parser.add_argument("--population", type=int, default=40)
+    parser.add_argument("--population", type=int, default=60)
     parser.add_argument("--policy", default="deepga", choices=("deepga", "nature"))
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--slots", type=int, default=16)
@@ -370,7 +375,11 @@ def main(argv: list[str] | None = None) -> dict:
     gym_path = None
     if not args.skip_gym:
         gym_path = emulator("gym", args.env, args.workers, args.emulator_seconds, 1)
-    host = bandwidth_and_peak(args.bandwidth_mb, args.matrix, ["float32", *args.inference_dtype])
+    # int8 runs its convolutions in bfloat16: its floor needs that peak too.
+    peak_dtypes = {"float32", *args.inference_dtype} | (
+        {"bfloat16"} if "int8" in args.inference_dtype else set()
+    )
+    host = bandwidth_and_peak(args.bandwidth_mb, args.matrix, sorted(peak_dtypes))
     price = ASSUMED_PRICE_PER_VCPU_HOUR if args.price is None else args.price
     runs = {}
     for dtype in args.inference_dtype:
@@ -381,6 +390,7 @@ def main(argv: list[str] | None = None) -> dict:
         mix = paper_mix(training["phases"], forward, training["elite_samples_per_forward"])
         rate = ceiling["frames_per_s_per_core"]
         ratios = {k: v["frames_per_s_per_core"] / rate for k, v in training["phases"].items()}
+        ratios["run"] = training["frames_per_s_per_core"] / rate
         if mix is not None:
             ratios["paper_mix_idle"] = mix["idle_frames_per_s_per_core"] / rate
             ratios["paper_mix_loaded"] = mix["loaded_frames_per_s_per_core"] / rate

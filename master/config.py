@@ -48,8 +48,9 @@ class RunConfig:
     atari_dynamics: str = "paper"
     """Atari only: "paper" (default: the paper's protocol) or "registered" (the env's own)."""
     inference_dtype: str = "float32"
-    """Forward-pass precision after the exact float32 decode: float32 (default) or bfloat16
-    (faster on CPUs with bf16 instructions, may change actions; genome files record it)."""
+    """Forward-pass precision after the exact float32 decode: float32 (default), bfloat16, or
+    int8 (dense layers' weights int8, convolutions bfloat16: the cheapest per step on x86; both
+    may change actions; genome files record it and replay uses it)."""
     noise_table_seed: int = 123
     """Seeds the noise table every worker builds."""
     noise_table_size: int = PAPER_NOISE_TABLE_SIZE

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 import numpy as np
 
 ARCHITECTURES = ("deepga", "nature", "mlp")
-INFERENCE_DTYPES = ("float32", "bfloat16")
+INFERENCE_DTYPES = ("float32", "bfloat16", "int8")
 """Precisions a policy's forward pass may run in; decoding is always float32.
 
-int8 (dynamic quantisation of the Linear layers) is measured by bench/inference_dtype.py but not
-offered yet: its batch-1 forward varied between bfloat16's speed and ~40% faster across runs,
-quantising costs ~20-30 ms on every genome load, and torch.ao's quantize_dynamic is deprecated."""
+bfloat16: every layer but the output layer in bfloat16. int8: the hidden dense layers' weights
+in int8 (one scale per output unit), their inputs quantised on each call; convolutions in
+bfloat16; the output layer in float32 (worker/policies.py says how and why)."""
 ATARI_SHAPE = (4, 84, 84)
 DEFAULT_MLP_HIDDEN = (64, 64)
 ATARI_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))

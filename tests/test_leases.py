@@ -62,6 +62,23 @@ def test_lease_hands_out_in_order_up_to_max_tasks(asks, granted):
     assert all(t.holder(i) == "w" for g in granted for i in g)
 
 
+def test_a_phases_last_tasks_go_to_workers_that_hold_none():
+    lease_table = table(5)
+    assert ids(lease_table.lease("a", 2, 0.0)) == ["k0/0", "k1/0"]  # running + prefetched
+    assert ids(lease_table.lease("b", 2, 0.0)) == ["k2/0", "k3/0"]
+    # One task left for two busy workers: a prefetch would make it wait behind a running task
+    # while the other worker may already be out of work.
+    assert lease_table.lease("a", 1, 0.0) == []
+    assert lease_table.lease("b", 1, 0.0) == []
+    for task_id in ("k0/0", "k1/0"):
+        lease_table.complete_task(task_id, [1.0], 4, "a")
+    assert ids(lease_table.lease("a", 2, 0.0)) == ["k4/0"]  # "a" holds none now
+    # A lone worker, or enough tasks for every holder: prefetch as usual.
+    single = table(2)
+    assert ids(single.lease("a", 1, 0.0)) == ["k0/0"]
+    assert ids(single.lease("a", 1, 0.0)) == ["k1/0"]
+
+
 def test_lapsed_lease_is_reissued_to_another_worker():
     t = table(n=2)
     assert ids(t.lease("a", 1, now=0.0)) == ["k0/0"]

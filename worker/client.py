@@ -364,7 +364,10 @@ class WorkerClient:
                 try:
                     if stopping:
                         self._settle_current()
-                    self._flush_results(stub)
+                    if self._flush_results(stub) and self._idle():
+                        # It just ran out of work: ask now, not when an earlier empty lease
+                        # said to (the master keeps a phase's last tasks for idle workers).
+                        next_lease = 0.0
                     if stopping:
                         self._hand_back(stub)
                         return
@@ -454,11 +457,16 @@ class WorkerClient:
             self._shared.fatal = reason
             self._wake.notify_all()
 
-    def _flush_results(self, stub: pb_grpc.EvolutionStub) -> None:
+    def _idle(self) -> bool:
+        with self._wake:
+            return not self._shared.inbox and not self._shared.running
+
+    def _flush_results(self, stub: pb_grpc.EvolutionStub) -> bool:
+        """Reports what finished; True if there was anything."""
         with self._wake:
             batch = list(self._shared.outbox)
         if not batch:
-            return
+            return False
         request = pb.ReportRequest(
             protocol_version=pb.PROTOCOL_VERSION_CURRENT, worker_id=self.worker_id, results=batch
         )
@@ -471,6 +479,7 @@ class WorkerClient:
             log.error("master rejected results: %s", error.details())
         with self._wake:
             del self._shared.outbox[: len(batch)]
+        return True
 
     def _lease(self, stub: pb_grpc.EvolutionStub) -> float:
         """Tops up the inbox; returns seconds until the next lease attempt."""

@@ -42,7 +42,7 @@ class EvaluationSpec:
     """A saved parameter vector (.npy) to play instead of decoding `seeds`."""
     parameters_sha256: str | None = None
     inference_dtype: str = "float32"
-    """Precision of the forward pass (after the float32 decode): float32 or bfloat16."""
+    """Precision of the forward pass (after the float32 decode): float32, bfloat16 or int8."""
     behaviour_size: int = 0
     """> 0: each episode reports its behaviour characterisation of this many values."""
     observation_size: int = 0

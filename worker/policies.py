@@ -10,7 +10,8 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -43,13 +44,58 @@ __all__ = [
     "build_policy",
 ]
 
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_CONV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.bfloat16}
+"""What the convolutions compute in, per inference dtype (int8 convolutions would need fixed
+activation ranges, which a genome does not carry)."""
+_MIN_INT8_SCALE = 1e-12
+"""Floor of an int8 row's scale, so an all-zero row quantises to zeros instead of 0/0."""
 
 
 def _dtype(layer: nn.Module) -> torch.dtype:
-    """The dtype a layer computes in: its weights' (float32 input for a quantised layer)."""
-    weight = layer.weight
+    """The dtype a layer takes its input in: its weights' (float32 for an int8 layer)."""
+    weight = getattr(layer, "weight", None)
     return weight.dtype if isinstance(weight, torch.Tensor) else torch.float32
+
+
+def _copy_into(target: torch.Tensor, source: torch.Tensor) -> None:
+    target.copy_(source)
+
+
+class _Int8Linear(nn.Module):
+    """A dense layer with int8 weights: one float32 scale per output unit, symmetric.
+
+    scale = max|w_row| / 127 and q = round-half-even(w / scale). Each call quantises its input
+    to uint8 over the input's own range (fbgemm's dynamic quantisation), sums in int32 and
+    returns float32. `reduce_range` keeps activations to 7 bits so that AVX2 CPUs, whose int8
+    dot products pass through saturating int16 sums, compute the same numbers as AVX-512 ones.
+    """
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self._packed: Any = None
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes one call reads: int8 weights, float32 scales and bias."""
+        return self.in_features * self.out_features + 8 * self.out_features
+
+    def pack(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        """Quantises float32 (out, in) weights and packs them with the float32 bias."""
+        scale = weight.abs().amax(dim=1).clamp_min(_MIN_INT8_SCALE * 127) / 127
+        zero_points = torch.zeros(len(scale), dtype=torch.long)
+        with warnings.catch_warnings():
+            # torch marks its quantised tensor types deprecated; the fbgemm kernels they feed
+            # are the fastest int8 dense layer it ships (bench/inference_dtype.py).
+            warnings.simplefilter("ignore")
+            quantised = torch.quantize_per_channel(
+                weight, scale.double(), zero_points, 0, torch.qint8
+            )
+            self._packed = torch.ops.quantized.linear_prepack(quantised, bias.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x.contiguous(), self._packed, True)
 
 
 def _same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -85,7 +131,9 @@ class _AtariNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Each layer runs in its weights' dtype; for float32 every .to() is a no-op.
-        x = x.to(torch.float32) / 255.0
+        # Channels-last: oneDNN's batch-1 convolutions are ~15% (float32) to ~20% (bfloat16)
+        # faster in it than in NCHW with channels-last weights (bench/inference_dtype.py).
+        x = (x.to(torch.float32) / 255.0).contiguous(memory_format=torch.channels_last)
         for conv, pad in zip((self.conv1, self.conv2, self.conv3), self.pads, strict=True):
             if any(pad):
                 x = F.pad(x, pad)
@@ -117,10 +165,14 @@ def _fan_in(weight: torch.Tensor) -> int:
 class Policy:
     """A network plus its action head, with parameters in one contiguous float32 buffer.
 
-    `inference_dtype` "bfloat16" runs the forward pass on a bfloat16 copy of every layer but the
-    output layer, refreshed by load_parameters; the float32 buffer (what genomes decode to)
-    is unchanged. The output layer stays float32: it is ~0.2% of the weights, and bfloat16
-    logits (8 mantissa bits) would tie often and argmax breaks ties by index.
+    `inference_dtype` (after the exact float32 decode, so a genome is the same policy for
+    every worker of a run): "float32" computes in float32; "bfloat16" runs every layer but the
+    output layer on bfloat16 copies; "int8" runs the hidden dense layers with int8 weights
+    (_Int8Linear) and the convolutions on bfloat16 copies. The copies are refreshed by
+    load_parameters; the float32 buffer (what genomes decode to) is unchanged. The output layer
+    stays float32 in every dtype: it is ~0.2% of the weights, and bfloat16 logits (8 mantissa
+    bits) would tie often, and argmax breaks ties by index. Convolutions run on channels-last
+    copies of their weights in every dtype.
     """
 
     def __init__(
@@ -158,23 +210,67 @@ class Policy:
         if isinstance(action_space, gym.spaces.Box):
             self._low = action_space.low.astype(np.float32)
             self._high = action_space.high.astype(np.float32)
-        # The module the forward pass runs, and (float32 view, reduced copy) pairs to refresh.
-        self._inference_module: nn.Module = self.module
-        self._reduced: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if inference_dtype != "float32":
-            self._inference_module = copy.deepcopy(self.module)
-            for layer_name, layer in self._inference_module.named_children():
-                if layer_name != self._output_layer:
-                    layer.to(_TORCH_DTYPES[inference_dtype])
-            # The float32 output layer is shared, so its parameters stay views of the buffer.
-            output_layer = self.module.get_submodule(self._output_layer)
-            setattr(self._inference_module, self._output_layer, output_layer)
-            reduced = dict(self._inference_module.named_parameters())
-            self._reduced = [
-                (p, reduced[name])
-                for name, p in self.module.named_parameters()
-                if reduced[name].dtype != torch.float32
-            ]
+        # What load_parameters runs after the copy, to bring the inference copies up to date.
+        self._refresh: list[Callable[[], None]] = []
+        self._inference_module: nn.Module = self._build_inference_module()
+        self._refresh_copies()
+
+    def _build_inference_module(self) -> nn.Module:
+        """The module the forward pass runs (see the class docstring)."""
+        dtype = self.inference_dtype
+        leaves = {
+            name: layer
+            for name, layer in self.module.named_modules()
+            if isinstance(layer, (nn.Conv2d, nn.Linear))
+        }
+        if dtype == "float32" and not any(isinstance(m, nn.Conv2d) for m in leaves.values()):
+            return self.module
+        module = copy.deepcopy(self.module)
+        for name, source in leaves.items():
+            layer: nn.Module
+            if name == self._output_layer or (isinstance(source, nn.Linear) and dtype == "float32"):
+                layer = source  # its parameters stay views of the buffer
+            elif isinstance(source, nn.Linear) and dtype == "int8":
+                layer = _Int8Linear(source.in_features, source.out_features)
+                self._refresh.append(
+                    lambda layer=layer, source=source: layer.pack(source.weight, source.bias)
+                )
+            else:
+                layer = module.get_submodule(name)
+                target_dtype = (
+                    _CONV_DTYPES[dtype] if isinstance(source, nn.Conv2d) else (torch.bfloat16)
+                )
+                for attr in ("weight", "bias"):
+                    original = getattr(source, attr)
+                    channels_last = original.dim() == 4
+                    target = torch.empty(
+                        original.shape,
+                        dtype=target_dtype,
+                        memory_format=torch.channels_last
+                        if channels_last
+                        else (torch.contiguous_format),
+                    )
+                    setattr(layer, attr, nn.Parameter(target, requires_grad=False))
+                    # copy_ rounds to nearest even and keeps the target's memory format.
+                    self._refresh.append(lambda t=target, o=original: _copy_into(t, o))
+            parent, _, attr = name.rpartition(".")
+            setattr(module.get_submodule(parent), attr, layer)
+        return module
+
+    def weight_bytes_per_forward(self) -> int:
+        """Bytes of weights one forward pass reads, in the dtypes it computes in."""
+        total = 0
+        for layer in self._inference_module.modules():
+            if isinstance(layer, _Int8Linear):
+                total += layer.weight_bytes
+            elif isinstance(layer, (nn.Conv2d, nn.Linear)):
+                total += sum(p.numel() * p.element_size() for p in layer.parameters())
+        return total
+
+    def _refresh_copies(self) -> None:
+        with torch.no_grad():
+            for refresh in self._refresh:
+                refresh()
 
     def _owner(self, name: str) -> tuple[nn.Module, str]:
         path, _, attr = name.rpartition(".")
@@ -209,9 +305,7 @@ class Policy:
         if flat.shape != (self.num_params,):
             raise ValueError(f"parameters have shape {flat.shape}, expected ({self.num_params},)")
         np.copyto(self._flat, flat)
-        with torch.no_grad():
-            for source, target in self._reduced:
-                target.copy_(source)  # rounds to nearest even
+        self._refresh_copies()
 
     def act(self, observation: np.ndarray) -> int | np.ndarray:
         """Action for one observation: int for Discrete, array for Box."""

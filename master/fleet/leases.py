@@ -109,6 +109,8 @@ class LeaseTable:
             self._pending.append((record.task.task_id, ticket))
         self._pending_count = len(self._pending)
         self._leased: set[str] = set()
+        self._held: dict[str, int] = {}
+        """Leased tasks per worker holding any."""
         # (deadline, ticket, lease, task ids), one entry per grant or heartbeat: a lease call
         # looks at the earliest deadline only instead of scanning every leased task. Tasks whose
         # lease was since replaced or ended are skipped; each entry leaves once its deadline
@@ -135,6 +137,11 @@ class LeaseTable:
     def lease(self, worker_id: str, max_tasks: int, now: float) -> list[PhaseTask]:
         """Hands out up to max_tasks pending tasks; lapsed leases are re-issued first."""
         self.expire(now)
+        if self._held.get(worker_id) and self._pending_count < len(self._held):
+            # Near the phase's end a task leased as a busy worker's prefetch would wait behind
+            # its running one while another worker ran out of work and sat idle: once fewer
+            # tasks are left than workers holding leases, the next goes to one that holds none.
+            return []
         granted: list[_Record] = []
         pending, records = self._pending, self._records
         while pending and len(granted) < max_tasks:
@@ -326,6 +333,8 @@ class LeaseTable:
             return
         lease = _Lease(worker_id, now + self.lease_seconds)
         for record in records:
+            if record.lease is None:
+                self._held[worker_id] = self._held.get(worker_id, 0) + 1
             record.lease = lease
             record.lapsed_from = None
         task_ids = tuple(record.task.task_id for record in records)
@@ -334,6 +343,11 @@ class LeaseTable:
         heapq.heappush(self._deadlines, entry)
 
     def _unlease(self, record: _Record) -> None:
+        if record.lease is not None:
+            holder = record.lease.worker_id
+            self._held[holder] -= 1
+            if not self._held[holder]:
+                del self._held[holder]
         record.lease = None
         self._leased.discard(record.task.task_id)
 
