@@ -55,10 +55,13 @@ def test_throughput_benchmark_at_a_tiny_size(tmp_path: Path, noise_cache: Path) 
     mix = run["paper_mix"]
     assert mix["offspring_frame_share"] + mix["elite_frame_share"] == pytest.approx(1.0)
     ratios = run["ratio_to_ceiling"]
-    assert set(ratios) == {"offspring", "elite", "paper_mix_idle", "paper_mix_loaded"}
+    assert set(ratios) == {"offspring", "elite", "run", "paper_mix_idle", "paper_mix_loaded"}
     assert all(math.isfinite(r) and r > 0 for r in ratios.values())
     assert ratios["offspring"] == pytest.approx(
         phases["offspring"]["frames_per_s_per_core"] / result["ceiling"]["frames_per_s_per_core"]
+    )
+    assert ratios["run"] == pytest.approx(
+        training["frames_per_s_per_core"] / result["ceiling"]["frames_per_s_per_core"]
     )
     cost = run["core_hours"]
     for mode in ("idle", "loaded"):
