@@ -29,6 +29,29 @@ MAX_PARAMS = 2**27
 Layout = list[tuple[str, tuple[int, ...]]]
 
 
+def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
+    """TensorFlow SAME padding (before, after) of one axis; the odd pixel goes after."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+def atari_conv_pads(architecture: str) -> list[tuple[int, int, int, int]]:
+    """F.pad arguments (left, right, top, bottom) of the three Atari conv layers: SAME for
+    deepga, none for nature."""
+    size = ATARI_SHAPE[1]
+    pads = []
+    for _, kernel, stride in ATARI_CONVS:
+        if architecture == "deepga":
+            before, after = same_padding(size, kernel, stride)
+            size = -(-size // stride)
+        else:
+            before = after = 0
+            size = (size - kernel) // stride + 1
+        pads.append((before, after, before, after))
+    return pads
+
+
 def parameter_layout(
     architecture: str, observation_shape: Sequence[int], n_outputs: int,
     hidden_sizes: Sequence[int] = (),

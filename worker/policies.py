@@ -29,6 +29,7 @@ from neuro.layout import (
     HIDDEN_STD,
     INFERENCE_DTYPES,
     OUTPUT_STD,
+    atari_conv_pads,
     check_parameter_count,
     parameter_count,
     parameter_layout,
@@ -98,35 +99,23 @@ class _Int8Linear(nn.Module):
         return torch.ops.quantized.linear_dynamic(x.contiguous(), self._packed, True)
 
 
-def _same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
-    """TensorFlow SAME padding (before, after); the odd pixel goes after."""
-    out = -(-size // stride)
-    total = max((out - 1) * stride + kernel - size, 0)
-    return total // 2, total - total // 2
-
-
 class _AtariNet(nn.Module):
     """Conv 32 8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512, dense n_actions, ReLU."""
 
-    def __init__(self, n_actions: int, same_padding: bool) -> None:
+    def __init__(self, n_actions: int, architecture: str) -> None:
         super().__init__()
-        channels, size = ATARI_SHAPE[0], ATARI_SHAPE[1]
-        self.pads: list[tuple[int, int, int, int]] = []
+        channels = ATARI_SHAPE[0]
+        # F.pad order is (left, right, top, bottom); the grid is square.
+        self.pads = atari_conv_pads(architecture)
         convs = []
         for out_channels, kernel, stride in ATARI_CONVS:
-            if same_padding:
-                before, after = _same_padding(size, kernel, stride)
-                size = -(-size // stride)
-            else:
-                before = after = 0
-                size = (size - kernel) // stride + 1
-            # F.pad order is (left, right, top, bottom); the grid is square.
-            self.pads.append((before, after, before, after))
             convs.append(nn.Conv2d(channels, out_channels, kernel, stride))
             channels = out_channels
         self.conv1, self.conv2, self.conv3 = convs
+        fc_inputs = parameter_layout(architecture, ATARI_SHAPE, n_actions)[-4][1][1]
+        size = math.isqrt(fc_inputs // channels)
         self.conv_output_shape = (channels, size, size)
-        self.fc = nn.Linear(channels * size * size, ATARI_HIDDEN)
+        self.fc = nn.Linear(fc_inputs, ATARI_HIDDEN)
         self.out = nn.Linear(ATARI_HIDDEN, n_actions)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -207,9 +196,6 @@ class Policy:
             view = buffer[offset : offset + p.numel()].view(p.shape)
             setattr(owner, attr, nn.Parameter(view, requires_grad=False))
             offset += p.numel()
-        if isinstance(action_space, gym.spaces.Box):
-            self._low = action_space.low.astype(np.float32)
-            self._high = action_space.high.astype(np.float32)
         # What load_parameters runs after the copy, to bring the inference copies up to date.
         self._refresh: list[Callable[[], None]] = []
         self._inference_module: nn.Module = self._build_inference_module()
@@ -329,13 +315,19 @@ class Policy:
             obs = np.array(obs, order="C")
         with torch.inference_mode():
             out = self._inference_module(torch.from_numpy(obs)).float().numpy()
-        space = self.action_space
-        if isinstance(space, gym.spaces.Discrete):
-            # np.argmax picks the lowest index on ties.
-            return np.argmax(out, axis=1).astype(np.int64) + int(space.start)
-        squashed = (np.tanh(out) + 1.0) * 0.5
-        actions = self._low.ravel() + squashed * (self._high - self._low).ravel()
-        return actions.reshape(len(obs), *space.shape).astype(space.dtype)
+        return actions_from_outputs(out, self.action_space)
+
+
+def actions_from_outputs(out: np.ndarray, space: Any) -> np.ndarray:
+    """The action head: argmax + start for Discrete (lowest index on ties), tanh squashed to
+    [low, high] for Box; one action per row of the (batch, n_out) network outputs."""
+    if isinstance(space, gym.spaces.Discrete):
+        # np.argmax picks the lowest index on ties.
+        return np.argmax(out, axis=1).astype(np.int64) + int(space.start)
+    low, high = space.low.astype(np.float32).ravel(), space.high.astype(np.float32).ravel()
+    squashed = (np.tanh(out) + 1.0) * 0.5
+    actions = low + squashed * (high - low)
+    return actions.reshape(len(out), *space.shape).astype(space.dtype)
 
 
 def _box_dim(space: gym.spaces.Box) -> int:
@@ -386,5 +378,5 @@ def build_policy(
             )
         check_parameter_count(parameter_count(parameter_layout(architecture, obs_shape, n_out)))
         with torch.device("meta"):
-            module = _AtariNet(n_out, same_padding=architecture == "deepga")
+            module = _AtariNet(n_out, architecture)
     return Policy(module, obs_shape, action_space, inference_dtype)
