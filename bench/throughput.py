@@ -14,6 +14,9 @@ In one run, on the same cores (W = --workers, one pinned process per core):
     python bench/throughput.py --json bench/results/throughput.json
     python bench/throughput.py --inference-dtype float32 bfloat16 \
         --worker-arg=--atari-engine --worker-arg=vector --json bench/results/throughput.json
+    # a GPU host: one batched worker with 256 env slots against the 16-process ceiling
+    python bench/throughput.py --workers 16 --batched-envs 256 --device cuda --population 1000 \
+        --json bench/results/throughput-gpu.json
 """
 
 from __future__ import annotations
@@ -134,14 +137,23 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
     fleet.evaluate = timed_evaluate
     training = asyncio.ensure_future(trainer.run())
     workers = []
-    for index in range(args.workers):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    if args.batched_envs:
+        # One batched worker for the whole host (the GPU worker's shape), not pinned: its
+        # vector env's threads step the emulators on every core.
+        command = [sys.executable, "-m", "worker", "--master", f"127.0.0.1:{master.port}",
+                   "--device", args.device, "--envs", str(args.batched_envs),
+                   "--worker-id", "bench-batched", "--stats-file",
+                   str(stats_dir / "worker-0.json"), *args.worker_arg]  # fmt: skip
+        workers.append(subprocess.Popen(command, env=env, cwd=REPO))
+    for index in range(0 if args.batched_envs else args.workers):
         command = [sys.executable, "-m", "worker", "--master", f"127.0.0.1:{master.port}",
                    "--slots", str(args.slots), "--worker-id", f"bench-{index}",
                    "--stats-file", str(stats_dir / f"worker-{index}.json"),
                    *args.worker_arg]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
         workers.append(subprocess.Popen(command, env=env, cwd=REPO,
                                         preexec_fn=lambda i=index: pin_to(i)))  # fmt: skip
+    gpu = GpuSampler() if args.device == "cuda" else None
     try:
         deadline = time.monotonic() + args.timeout
         while fleet.counters().leased == 0 and time.monotonic() < deadline:
@@ -151,8 +163,11 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
         first_lease.append(time.monotonic())
         t0, cpu0 = time.monotonic(), time.process_time()
         before = {s["worker_id"]: s for s in read_stats(stats_dir)}
+        if gpu is not None:
+            gpu.start()
         await asyncio.wait_for(training, max(1.0, deadline - time.monotonic()))
         wall, master_cpu = time.monotonic() - t0, time.process_time() - cpu0
+        gpu_utilisation = gpu.stop() if gpu is not None else None
         memory_mib = {"master": memory(os.getpid())}
         for index, w in enumerate(workers):
             memory_mib[f"worker-{index}"] = memory(w.pid)
@@ -188,7 +203,37 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
         "elite_score": records[-1].elite_score if records else None,
         "memory_mib": memory_mib,
         "breakdown": parts,
+        "batched_envs": args.batched_envs,
+        "device": args.device,
+        "gpu_utilisation_percent": gpu_utilisation,
+        "hours_per_1b_frames_on_this_host": 1e9 / (trainer.frames / wall) / 3600,
     }
+
+
+class GpuSampler:
+    """Mean GPU utilisation (percent) over the training run, from nvidia-smi once a second;
+    None where nvidia-smi is missing or says nothing."""
+
+    def __init__(self) -> None:
+        self._samples: list[float] = []
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._poll())
+
+    async def _poll(self) -> None:
+        query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+        while True:
+            with contextlib.suppress(OSError, ValueError, subprocess.SubprocessError):
+                out = await asyncio.to_thread(subprocess.run, query, capture_output=True,
+                                              text=True, timeout=5)  # fmt: skip
+                self._samples.append(float(out.stdout.split()[0]))
+            await asyncio.sleep(1.0)
+
+    def stop(self) -> float | None:
+        if self._task is not None:
+            self._task.cancel()
+        return sum(self._samples) / len(self._samples) if self._samples else None
 
 
 def config_value(config: Any, name: str, default: Any) -> Any:
@@ -356,6 +401,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--price", type=float, default=None,
                         help=f"USD per vCPU-hour (default {ASSUMED_PRICE_PER_VCPU_HOUR}, "
                         "an assumption)")  # fmt: skip
+    parser.add_argument("--batched-envs", type=int, default=0,
+                        help="train with ONE batched worker of this many env slots instead of "
+                        "--workers pinned ones (the GPU worker's shape); the ceiling still "
+                        "runs --workers processes")  # fmt: skip
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="the batched worker's device (with --batched-envs)")  # fmt: skip
     parser.add_argument("--skip-gym", action="store_true", help="no gymnasium reference")
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--elite-episodes", type=int, default=0, help=argparse.SUPPRESS)
@@ -366,6 +417,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     """Runs every measurement, prints one JSON document, and writes it with --json."""
     args = parse_args(argv)
+    if args.batched_envs and set(args.inference_dtype) != {"float32"}:
+        raise SystemExit("--batched-envs: the batched worker runs float32 only")
     support = in_child(dtype_support)
     for dtype in args.inference_dtype:
         if dtype not in support["dtypes"]:

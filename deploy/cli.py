@@ -27,6 +27,8 @@ TEMPLATE_PARAMETERS: dict[str, str] = {
     "WorkerCapacity": "capacity",
     "WorkerMemory": "worker_memory",
     "WorkerInstanceTypes": "worker_instance_types",
+    "WorkerGpu": "worker_gpu",
+    "WorkerGpuInstanceTypes": "worker_gpu_instance_types",
     "MasterInstanceType": "master_instance_type",
     "MasterImage": "master_image",
     "WorkerImage": "worker_image",
@@ -40,8 +42,14 @@ TEMPLATE_PARAMETERS: dict[str, str] = {
     "LogRetentionDays": "log_retention_days",
     "MasterAmi": "master_ami",
     "WorkerAmi": "worker_ami",
+    "WorkerGpuAmi": "worker_gpu_ami",
 }
 LOG_STREAMS = {"master": "master", "workers": "worker/", "all": None}
+# deploy/throughput.json holds figures measured on CPU workers only.
+GPU_UNPRICED = (
+    "GPU workers are not priced: deploy/throughput.json has no measured GPU worker throughput, "
+    "so frames cannot be turned into GPU-hours"
+)
 
 
 def _nonnegative(text: str) -> int:
@@ -146,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     estimate.add_argument("--worker-memory", type=_positive_int, help="MiB per worker (4096)")
     estimate.add_argument("--worker-instance-types", help="Spot host types for ec2-spot")
+    estimate.add_argument(
+        "--worker-gpu",
+        action="store_true",
+        help="as for up; refused: only CPU workers have a measured throughput to price",
+    )
     estimate.add_argument("--master-instance-type", help="default c5.large")
     estimate.add_argument(
         "--network", choices=("deepga", "nature"), help="measured network (default deepga)"
@@ -158,7 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = commands.add_parser("up", help="create the stack, wait, print the master's address")
     up.add_argument("--env", help="gymnasium id, e.g. Frostbite-v4 (template default)")
-    up.add_argument("--workers", type=_nonnegative, help="1-vCPU worker containers")
+    up.add_argument(
+        "--workers",
+        type=_nonnegative,
+        help="worker containers: 1 vCPU each, or 1 GPU each with --worker-gpu",
+    )
     up.add_argument("--master-image", required=True, help="image URI built from Dockerfile.master")
     up.add_argument("--worker-image", required=True, help="image URI built from Dockerfile.worker")
     up.add_argument(
@@ -169,6 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--worker-memory", type=int, help="MiB per worker (default 4096)")
     up.add_argument("--worker-instance-types", help="Spot host types for ec2-spot, comma-separated")
+    # "true" rather than a bool: the template parameter takes the strings true and false, and
+    # leaving the flag out keeps the template's default.
+    up.add_argument(
+        "--worker-gpu",
+        action="store_const",
+        const="true",
+        help="one worker per GPU (neuro-worker --device cuda) on EC2 Spot GPU hosts; implies "
+        "--capacity ec2-spot; --worker-image must then be the CUDA build of Dockerfile.worker "
+        "(--build-arg TORCH_INDEX=cu128)",
+    )
+    up.add_argument(
+        "--worker-gpu-instance-types",
+        help="Spot GPU host types with --worker-gpu, comma-separated "
+        "(default g5.xlarge,g4dn.xlarge,g6.xlarge)",
+    )
     up.add_argument("--master-instance-type", help="default c5.large")
     up.add_argument("--vpc-id", help="default: the region's default VPC")
     up.add_argument("--subnet-ids", help="comma-separated; default: the default VPC's subnets")
@@ -184,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-retention-days", type=int, help="CloudWatch retention (default 30)")
     up.add_argument("--master-ami", help="AMI id or SSM parameter path for the master")
     up.add_argument("--worker-ami", help="ECS-optimized AMI id or SSM path for ec2-spot hosts")
+    up.add_argument(
+        "--worker-gpu-ami", help="ECS GPU-optimized AMI id or SSM path for --worker-gpu hosts"
+    )
     _wait_flags(up)
 
     status = commands.add_parser("status", help="stack state, workers and the run's progress")
@@ -265,9 +300,21 @@ def template_parameters(
     return parameters
 
 
+def gpu_capacity(args: argparse.Namespace) -> None:
+    """Checks the GPU flags of `up` and sets the capacity GPU workers need (ec2-spot)."""
+    if args.worker_gpu is None:
+        if args.worker_gpu_instance_types is not None:
+            raise DeployError("--worker-gpu-instance-types goes with --worker-gpu")
+        return
+    if args.capacity == "fargate-spot":
+        raise DeployError("--worker-gpu needs --capacity ec2-spot: Fargate Spot has no GPUs")
+    args.capacity = "ec2-spot"
+
+
 def cmd_up(clients: Clients, args: argparse.Namespace, out: Callable[[str], None]) -> int:
     if (args.vpc_id is None) != (args.subnet_ids is None):
         raise DeployError("--vpc-id and --subnet-ids go together")
+    gpu_capacity(args)
     if args.vpc_id is None:
         args.vpc_id, subnets = stack.default_network(clients)
         args.subnet_ids = ",".join(subnets)
@@ -292,11 +339,23 @@ def cmd_up(clients: Clients, args: argparse.Namespace, out: Callable[[str], None
     return 0
 
 
+def cmd_estimate_cpu(
+    clients: Clients | None, args: argparse.Namespace, out: Callable[[str], None]
+) -> int:
+    """`estimate`, which prices CPU workers only: a GPU run is refused rather than priced as
+    if each GPU worker were a 1-vCPU one."""
+    if args.worker_gpu:
+        raise DeployError(GPU_UNPRICED)
+    return cmd_estimate(clients, args, out)
+
+
 def cmd_status(clients: Clients, args: argparse.Namespace, out: Callable[[str], None]) -> int:
     info = stack.require(clients, args.stack_name)
     workers = stack.worker_counts(clients, info)
     run = stack.run_status(clients, info)
-    spent = cost_so_far(clients, args, info, run)
+    gpu = info.parameters.get("WorkerGpu") == "true"
+    # The cost model charges measured CPU frames per vCPU-hour: no figure for GPU workers.
+    spent = None if gpu else cost_so_far(clients, args, info, run)
     if args.json:
         out(
             json.dumps(
@@ -307,6 +366,7 @@ def cmd_status(clients: Clients, args: argparse.Namespace, out: Callable[[str], 
                     "workers": workers,
                     "run": run,
                     "cost": spent,
+                    **({"cost_unpriced": GPU_UNPRICED} if gpu else {}),
                 },
                 sort_keys=True,
                 default=str,
@@ -321,10 +381,11 @@ def cmd_status(clients: Clients, args: argparse.Namespace, out: Callable[[str], 
     else:
         out(
             f"workers: {workers['running']} running, {workers['pending']} pending, "
-            f"{workers['desired']} desired ({info.parameters.get('WorkerCapacity', '?')})"
+            f"{workers['desired']} desired ({info.parameters.get('WorkerCapacity', '?')}"
+            + (", one per GPU)" if gpu else ")")
         )
     out(_describe_run(run, info.outputs.get("RunS3Uri", "-")))
-    for line in describe_cost_so_far(spent):
+    for line in [f"cost so far: {GPU_UNPRICED}"] if gpu else describe_cost_so_far(spent):
         out(line)
     return 0
 
@@ -418,7 +479,7 @@ def _event_printer(out: Callable[[str], None]) -> Callable[[dict[str, Any]], Non
 
 
 COMMANDS: dict[str, Callable[..., int]] = {
-    "estimate": cmd_estimate,
+    "estimate": cmd_estimate_cpu,
     "up": cmd_up,
     "status": cmd_status,
     "scale": cmd_scale,
@@ -435,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
 
     try:
-        offline = args.command == "estimate" and args.price is not None
+        # A GPU estimate is refused before any AWS call, so it needs no credentials either.
+        offline = args.command == "estimate" and (args.price is not None or args.worker_gpu)
         clients = None if offline else Clients.connect(args.region, args.profile)
         return COMMANDS[args.command](clients, args, out)
     except DeployError as error:

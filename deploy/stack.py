@@ -170,7 +170,11 @@ def default_network(clients: Clients) -> tuple[str, list[str]]:
 # CloudFormation resolves SSM-typed parameters again on every update, even with UsePreviousValue:
 # a `scale` after AWS published a newer AMI would replace the master. `up` therefore resolves
 # each AMI once and points the stack at a parameter of its own that never moves.
-AMI_PARAMETERS = {"MasterAmi": "master-ami", "WorkerAmi": "worker-ami"}
+AMI_PARAMETERS = {
+    "MasterAmi": "master-ami",
+    "WorkerAmi": "worker-ami",
+    "WorkerGpuAmi": "worker-gpu-ami",
+}
 
 
 def pinned_ami_name(stack_name: str, parameter: str) -> str:

@@ -225,6 +225,7 @@ def test_an_unknown_network_is_refused() -> None:
         BatchedPolicies(template, 2)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_row_plays_as_its_own_policy_on_cuda(name: str) -> None:

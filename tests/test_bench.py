@@ -23,6 +23,24 @@ def run_bench(script: str, *args: str, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+def test_throughput_benchmark_with_one_batched_worker(tmp_path: Path, noise_cache: Path) -> None:
+    result = run_bench("throughput.py", "--population", "6", "--elite-episodes", "2",
+                       "--max-episode-steps", "30", "--emulator-seconds", "0.5",
+                       "--noise-table-size", str(2**23), "--forward-repeats", "3",
+                       "--loaded-sets", "2", "--bandwidth-mb", "8", "--matrix", "128",
+                       "--skip-gym", "--batched-envs", "4", "--device", "cpu",
+                       out=tmp_path / "b.json")  # fmt: skip
+    training = result["runs"]["float32"]["training"]
+    assert training["batched_envs"] == 4 and training["device"] == "cpu"
+    assert training["evaluations"] == 6 + 2 and training["frames"] > 0
+    # One worker process did it all, several genomes per forward pass.
+    assert len(training["memory_mib"]) == 2 and training["breakdown"]["samples_per_forward"] > 1
+    assert training["gpu_utilisation_percent"] is None
+    assert training["hours_per_1b_frames_on_this_host"] == pytest.approx(
+        1e9 / (training["frames"] / training["wall_s"]) / 3600
+    )
+
+
 def test_throughput_benchmark_at_a_tiny_size(tmp_path: Path, noise_cache: Path) -> None:
     result = run_bench("throughput.py", "--population", "2", "--elite-episodes", "1",
                        "--max-episode-steps", "40", "--emulator-seconds", "0.5",

@@ -26,6 +26,7 @@ from deploy.stack import template_body
 from tests.conftest import REPO, aws_test_env, worker_env
 
 PUBLIC_AMI = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
+PUBLIC_GPU_AMI = "/aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id"
 # moto warns of each resource type it cannot create; cfn-lint, not moto, checks the template.
 pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse:UserWarning")
 IMAGES = ["--master-image", "example.org/neuro-master:1", "--worker-image", "example.org/w:1"]
@@ -54,10 +55,15 @@ def test_up_with_every_flag_passes_every_template_parameter() -> None:
             "--master-instance-type", "c5.xlarge", "--vpc-id", "vpc-1", "--subnet-ids", "s-1,s-2",
             "--assign-public-ip", "DISABLED", "--population", "200", "--truncation", "10",
             "--mutation-power", "0.005", "--frames", "5000000", "--log-retention-days", "7",
-            "--master-ami", "ami-1", "--worker-ami", "ami-2"]  # fmt: skip
+            "--master-ami", "ami-1", "--worker-ami", "ami-2", "--worker-gpu",
+            "--worker-gpu-instance-types", "g5.xlarge,g6.xlarge",
+            "--worker-gpu-ami", "ami-3"]  # fmt: skip
     parameters = cli.template_parameters(cli.build_parser().parse_args(argv))
     assert set(parameters) == template_parameter_names()
     assert parameters["WorkerCapacity"] == "ec2-spot"
+    # The template's AllowedValues are the strings "true" and "false", not Python's True.
+    assert parameters["WorkerGpu"] == "true"
+    assert parameters["WorkerGpuInstanceTypes"] == "g5.xlarge,g6.xlarge"
     assert parameters["SubnetIds"] == "s-1,s-2"
     assert parameters["MutationPower"] == "0.005"
 
@@ -177,6 +183,94 @@ def test_up_status_scale_logs_fetch_down(
     assert ssm.get_parameters_by_path(Path="/neuro/run1")["Parameters"] == []
     code, out, err = run_cli(capsys, "status")
     assert code == 1 and "no stack named 'run1'" in err
+
+
+def stack_parameters() -> dict[str, str]:
+    described = boto3.client("cloudformation").describe_stacks(StackName="run1")["Stacks"][0]
+    return {p["ParameterKey"]: p["ParameterValue"] for p in described["Parameters"]}
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+def test_up_worker_gpu_sets_the_gpu_parameters(
+    aws_endpoint: str, capsys: pytest.CaptureFixture[str], gpu: bool
+) -> None:
+    flags = ["--worker-gpu", "--worker-gpu-instance-types", "g6.xlarge,g5.xlarge"] if gpu else []
+    code, out, err = run_cli(capsys, "up", *IMAGES, *flags, "--poll-seconds", "0.1")
+    assert code == 0, err
+    parameters = stack_parameters()
+    assert parameters["WorkerGpu"] == ("true" if gpu else "false")
+    # GPU workers need EC2 hosts, so the flag alone picks ec2-spot; without it, the default.
+    assert parameters["WorkerCapacity"] == ("ec2-spot" if gpu else "fargate-spot")
+    # The GPU AMI is pinned like the others, so a later update cannot replace the hosts.
+    ssm = boto3.client("ssm")
+    gpu_ami = ssm.get_parameter(Name=PUBLIC_GPU_AMI)["Parameter"]["Value"]
+    assert ssm.get_parameter(Name="/neuro/run1/worker-gpu-ami")["Parameter"]["Value"] == gpu_ami
+    assert f"WorkerGpuAmi: {gpu_ami}, pinned as /neuro/run1/worker-gpu-ami" in out
+
+    # What the stack made of it: one GPU per worker, told to use it.
+    ecs = boto3.client("ecs")
+    (arn,) = ecs.list_task_definitions()["taskDefinitionArns"]
+    (container,) = ecs.describe_task_definition(taskDefinition=arn)["taskDefinition"][
+        "containerDefinitions"
+    ]
+    assert container.get("resourceRequirements", []) == (
+        [{"type": "GPU", "value": "1"}] if gpu else []
+    )
+    assert (container["command"][-2:] == ["--device", "cuda"]) == gpu
+    groups = boto3.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"]
+    if gpu:
+        (group,) = groups
+        policy = group["MixedInstancesPolicy"]["LaunchTemplate"]
+        types = [o["InstanceType"] for o in policy["Overrides"]]
+        assert types == ["g6.xlarge", "g5.xlarge"]
+        template_id = policy["LaunchTemplateSpecification"]["LaunchTemplateId"]
+        (version,) = boto3.client("ec2").describe_launch_template_versions(
+            LaunchTemplateId=template_id
+        )["LaunchTemplateVersions"]
+        assert version["LaunchTemplateData"]["ImageId"] == gpu_ami
+    else:
+        assert groups == []  # Fargate Spot: no hosts at all
+
+    # A master's first status.json, so that `status` has frames to put a cost on.
+    outputs = boto3.client("cloudformation").describe_stacks(StackName="run1")["Stacks"][0]
+    uri = {o["OutputKey"]: o["OutputValue"] for o in outputs["Outputs"]}["RunS3Uri"]
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    status_json = {"generation": 1, "frames": 4_000_000, "updated_at": time.time()}
+    boto3.client("s3").put_object(
+        Bucket=bucket, Key=f"{prefix}/status.json", Body=json.dumps(status_json).encode()
+    )
+    code, out, err = run_cli(capsys, "status", "--price", "0.02")
+    assert code == 0, err
+    assert ("one per GPU" in out) == gpu
+    # The cost model is CPU frames per vCPU-hour: a GPU stack's frames are not priced with it.
+    assert ("GPU workers are not priced" in out) == gpu
+    assert ("vCPU-hours" in out) == (not gpu)
+    code, out, err = run_cli(capsys, "status", "--json", "--price", "0.02")
+    assert code == 0, err
+    status = json.loads(out)
+    assert ("cost_unpriced" in status) == gpu
+    assert (status["cost"] is None) == gpu
+
+
+def test_worker_gpu_flags_that_cannot_work_are_refused(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_aws(*args: object) -> None:
+        raise AssertionError("refused flags must not reach AWS")
+
+    monkeypatch.setattr(cli.Clients, "connect", no_aws)
+    monkeypatch.setattr(cli.stack, "default_network", no_aws)
+    for argv, message in (
+        (["up", *IMAGES, "--worker-gpu", "--capacity", "fargate-spot"], "Fargate Spot has no GPUs"),
+        (["up", *IMAGES, "--worker-gpu-instance-types", "g5.xlarge"], "goes with --worker-gpu"),
+        (["estimate", "--worker-gpu"], "GPU workers are not priced"),
+    ):
+        args = cli.build_parser().parse_args(argv)
+        with pytest.raises(cli.DeployError, match=message):
+            cli.COMMANDS[args.command](None, args, print)
+    # Through main, estimate refuses before asking for credentials.
+    code, _, err = run_cli(capsys, "estimate", "--worker-gpu")
+    assert code == 1 and "deploy/throughput.json has no measured GPU" in err
 
 
 def test_up_refuses_a_stack_that_exists(aws_endpoint: str, capsys) -> None:

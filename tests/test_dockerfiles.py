@@ -1,5 +1,6 @@
-"""The images' Dockerfiles: hadolint-clean, non-root, exec-form, torch-free master, CPU-torch
-worker, and a build context that holds what they copy (no Docker engine needed)."""
+"""The images' Dockerfiles: hadolint-clean, non-root, exec-form, torch-free master, a worker of
+CPU torch by default and CUDA torch by build arg, and a build context that holds what they copy
+(no Docker engine needed)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ class Instruction:
     args: str
 
 
-def parse(path: Path) -> list[list[Instruction]]:
-    """The instructions, one list per stage (continuations joined, comments dropped)."""
-    stages: list[list[Instruction]] = []
+def instructions(path: Path) -> list[Instruction]:
+    """Every instruction in order (continuations joined, comments dropped)."""
+    found: list[Instruction] = []
     pending, start = "", 0
     for number, raw in enumerate(path.read_text().splitlines(), 1):
         text = raw.strip()
@@ -46,17 +47,91 @@ def parse(path: Path) -> list[list[Instruction]]:
             pending += text[:-1] + " "
             continue
         keyword, _, args = (pending + text).partition(" ")
-        instruction = Instruction(start, keyword.upper(), args.strip())
+        found.append(Instruction(start, keyword.upper(), args.strip()))
+        pending, start = "", 0
+    return found
+
+
+def parse(path: Path) -> list[list[Instruction]]:
+    """The instructions, one list per stage; the global ARGs before the first FROM left out."""
+    stages: list[list[Instruction]] = []
+    for instruction in instructions(path):
         if instruction.keyword == "FROM":
             stages.append([])
-        assert stages, f"{path.name}:{number}: {keyword} before any FROM"
+        elif not stages:
+            # Docker's rule: only ARG may come before the first FROM.
+            assert instruction.keyword == "ARG", f"{path.name}:{instruction.line}: {instruction}"
+            continue
         stages[-1].append(instruction)
-        pending, start = "", 0
     return stages
+
+
+def global_args(path: Path) -> dict[str, str | None]:
+    """The build args declared before the first FROM, with their defaults (None: none)."""
+    found: dict[str, str | None] = {}
+    for instruction in instructions(path):
+        if instruction.keyword == "FROM":
+            break
+        name, sep, default = instruction.args.partition("=")
+        found[name] = default if sep else None
+    return found
+
+
+def expand(text: str, values: dict[str, str | None]) -> str:
+    """${NAME} and $NAME replaced as Docker does; an unset name becomes the empty string."""
+    return re.sub(r"\$(?:\{(\w+)\}|(\w+))", lambda m: values.get(m[1] or m[2]) or "", text)
 
 
 def final_stage(role: str) -> list[Instruction]:
     return parse(DOCKERFILES[role])[-1]
+
+
+def build_values(role: str, build_args: dict[str, str]) -> dict[str, str | None]:
+    """The global build args of a `docker build --build-arg ...`: defaults, then the flags."""
+    values = global_args(DOCKERFILES[role])
+    unknown = set(build_args) - set(values)
+    assert not unknown, f"Dockerfile.{role} declares no global ARG {sorted(unknown)}"
+    return {**values, **build_args}
+
+
+def stage_args(
+    stage: list[Instruction], values: dict[str, str | None], before: Instruction
+) -> dict[str, str | None]:
+    """The build args a stage's instruction `before` sees: a global arg only where the stage
+    declares it again (ARG NAME), as Docker scopes them."""
+    seen: dict[str, str | None] = {}
+    for ins in stage[: stage.index(before)]:
+        if ins.keyword == "ARG":
+            name, sep, default = ins.args.partition("=")
+            seen[name] = values.get(name) if name in values else (default if sep else None)
+    return seen
+
+
+def lineage(role: str, **build_args: str) -> tuple[list[list[Instruction]], str]:
+    """The stages the image is built through (the final stage first, then the stage each is
+    FROM) and the image at the root, for one set of build args."""
+    values = build_values(role, build_args)
+    stages = parse(DOCKERFILES[role])
+    named = {}
+    for stage in stages:
+        words = expand(stage[0].args, values).split()
+        if len(words) == 3 and words[1].upper() == "AS":
+            named[words[2]] = stage
+    chain, stage = [], stages[-1]
+    while True:
+        chain.append(stage)
+        base = expand(stage[0].args, values).split()[0]
+        if base not in named:
+            return chain, base
+        stage = named[base]
+
+
+def image_env(role: str, **build_args: str) -> dict[str, str]:
+    """What the built image's ENV instructions set, the final stage's and those it is FROM."""
+    env: dict[str, str] = {}
+    for stage in reversed(lineage(role, **build_args)[0]):
+        env |= env_of(stage)
+    return env
 
 
 def env_of(stage: list[Instruction]) -> dict[str, str]:
@@ -189,8 +264,7 @@ def test_labels_and_python_settings(role: str) -> None:
     env = env_of(stage)
     assert env["PYTHONDONTWRITEBYTECODE"] == "1" and env["PYTHONUNBUFFERED"] == "1", env
     assert env["PATH"].startswith("/opt/venv/bin:"), env["PATH"]
-    froms = [ins.args for ins in stage if ins.keyword == "FROM"]
-    assert froms == ["python:3.11-slim-bookworm"], froms
+    assert lineage(role)[1] == "python:3.11-slim-bookworm"
 
 
 def test_master_image_has_no_torch() -> None:
@@ -229,12 +303,41 @@ def test_worker_installs_the_makefiles_cpu_torch_before_the_project() -> None:
     assert len(torch_runs) == 1 and len(project_runs) == 1, [ins.args for ins in runs]
     assert torch_runs[0] < project_runs[0], "torch must be in place before the project resolves"
     words = shlex.split(runs[torch_runs[0]].args)
-    assert words[words.index("--index-url") + 1] == CPU_INDEX, runs[torch_runs[0]].args
+    index = words[words.index("--index-url") + 1]
+    values = build_values("worker", {})
+    assert expand(index, stage_args(stage, values, runs[torch_runs[0]])) == CPU_INDEX, index
     # Any other torch mention in an instruction would be a second, unpinned install.
     mentions = [
         ins.args for st in parse(DOCKERFILES["worker"]) for ins in st if "torch" in ins.args
     ]
     assert mentions == [runs[torch_runs[0]].args], mentions
+
+
+@pytest.mark.parametrize("torch_index", ["cpu", "cu128"])
+def test_worker_build_arg_picks_cpu_or_cuda_torch(torch_index: str) -> None:
+    path = DOCKERFILES["worker"]
+    # One build arg, and a plain `docker build` is the CPU image.
+    assert global_args(path) == {"TORCH_INDEX": "cpu"}
+    values = build_values("worker", {"TORCH_INDEX": torch_index})
+    builder = parse(path)[0]
+    (torch_run,) = [ins for ins in builder if ins.keyword == "RUN" and "torch==" in ins.args]
+    words = shlex.split(torch_run.args)
+    index = words[words.index("--index-url") + 1]
+    # The builder must declare the arg again, or its RUN sees it unset (".../whl/").
+    seen = stage_args(builder, values, torch_run)
+    assert expand(index, seen) == f"https://download.pytorch.org/whl/{torch_index}", index
+    # Both builds end on the same final stage, over the same base image.
+    chain, base = lineage("worker", TORCH_INDEX=torch_index)
+    assert chain[0] == parse(path)[-1] and base == "python:3.11-slim-bookworm"
+    # Only the CUDA image asks an NVIDIA runtime for the driver: under such a runtime the
+    # CPU image would otherwise be handed every GPU of the host.
+    nvidia = {k: v for k, v in image_env("worker", TORCH_INDEX=torch_index).items()
+              if k.startswith("NVIDIA_")}  # fmt: skip
+    expected = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+    assert nvidia == ({} if torch_index == "cpu" else expected)
+    if torch_index != "cpu":
+        command = f"docker build -f Dockerfile.worker --build-arg TORCH_INDEX={torch_index} "
+        assert command in path.read_text(), "the header documents the CUDA build"
 
 
 def test_worker_runs_one_thread_and_caches_the_noise_table_in_its_own_dir() -> None:

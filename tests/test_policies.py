@@ -8,7 +8,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from worker.policies import build_policy
 
@@ -26,13 +25,17 @@ def _random_params(policy, seed: int = 0, scale: float = 0.05) -> np.ndarray:
 
 
 def _conv_shapes(policy, obs: np.ndarray) -> list[tuple[int, ...]]:
+    """The conv layers' output shapes in the network's own forward pass."""
     net = policy.module
-    x = torch.from_numpy(obs[None]).float() / 255.0
     shapes = []
-    with torch.inference_mode():
-        for conv, pad in zip((net.conv1, net.conv2, net.conv3), net.pads, strict=True):
-            x = F.relu(conv(F.pad(x, pad)))
-            shapes.append(tuple(x.shape[1:]))
+    hooks = [conv.register_forward_hook(lambda _m, _i, out: shapes.append(tuple(out.shape[1:])))
+             for conv in (net.conv1, net.conv2, net.conv3)]  # fmt: skip
+    try:
+        with torch.inference_mode():
+            net(torch.from_numpy(obs[None]))
+    finally:
+        for hook in hooks:
+            hook.remove()
     return shapes
 
 

@@ -20,13 +20,16 @@ import pytest
 from cfnlint.decode import decode_str
 
 from master.cli import build_parser as master_parser
-from worker.cli import worker_main
+from worker.cli import worker_main, worker_parser
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = sorted((REPO / "deploy").glob("*.yaml"))
 TEMPLATE = REPO / "deploy" / "neuro.yaml"
 CFN_LINT = Path(sys.executable).with_name("cfn-lint")
 MODES = ("fargate-spot", "ec2-spot")
+# (capacity mode, WorkerGpu): GPU workers exist on EC2 spot hosts only.
+VARIANTS = [("fargate-spot", False), ("ec2-spot", False), ("ec2-spot", True)]
+VARIANT_IDS = ["fargate-spot", "ec2-spot", "ec2-spot-gpu"]
 NO_VALUE = {"Ref": "AWS::NoValue"}
 
 CONTRACT_PARAMETERS: dict[str, tuple[str, Any]] = {
@@ -35,6 +38,8 @@ CONTRACT_PARAMETERS: dict[str, tuple[str, Any]] = {
     "WorkerCapacity": ("String", "fargate-spot"),
     "WorkerMemory": ("Number", 4096),
     "WorkerInstanceTypes": ("CommaDelimitedList", "c5.9xlarge,c5a.8xlarge,c6i.8xlarge,c6a.8xlarge"),
+    "WorkerGpu": ("String", "false"),
+    "WorkerGpuInstanceTypes": ("CommaDelimitedList", "g5.xlarge,g4dn.xlarge,g6.xlarge"),
     "MasterInstanceType": ("String", "c5.large"),
     "MasterImage": ("String", None),
     "WorkerImage": ("String", None),
@@ -54,6 +59,10 @@ CONTRACT_PARAMETERS: dict[str, tuple[str, Any]] = {
         "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>",
         "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id",
     ),
+    "WorkerGpuAmi": (
+        "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>",
+        "/aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id",
+    ),
 }
 CONTRACT_OUTPUTS = {"MasterAddress", "MasterInstanceId", "LogGroupName", "RunBucket", "RunS3Uri",
                     "ClusterName", "WorkerServiceName", "TokenSecretArn"}  # fmt: skip
@@ -70,23 +79,80 @@ def of_type(template: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
     return {name: r for name, r in template["Resources"].items() if r["Type"] == kind}
 
 
-def resolve(node: Any, mode: str) -> Any:
-    """`node` with every Fn::If decided as a stack in capacity `mode` (one worker or more)."""
-    conditions = {
-        "IsFargate": mode == "fargate-spot",
-        "IsEc2": mode == "ec2-spot",
-        "PublicIp": True,
-        "SingleWorker": False,
-    }
-    if isinstance(node, dict):
-        if set(node) == {"Fn::If"}:
-            name, if_true, if_false = node["Fn::If"]
-            return resolve(if_true if conditions[name] else if_false, mode)
-        resolved = {k: resolve(v, mode) for k, v in node.items()}
-        return {k: v for k, v in resolved.items() if v != NO_VALUE}
-    if isinstance(node, list):
-        return [v for v in (resolve(item, mode) for item in node) if v != NO_VALUE]
-    return node
+def stack_parameters(
+    template: dict[str, Any], mode: str, gpu: bool = False, **values: str
+) -> dict[str, Any]:
+    """Parameter values of a stack in capacity `mode`: the defaults, a list for each
+    CommaDelimitedList, and `values` over them."""
+    parameters: dict[str, Any] = {}
+    for name, spec in template["Parameters"].items():
+        value = values.get(name, spec.get("Default"))
+        if spec["Type"] == "CommaDelimitedList" and value is not None:
+            value = str(value).split(",")
+        parameters[name] = value
+    parameters.update(WorkerCapacity=mode, WorkerGpu="true" if gpu else "false")
+    return parameters
+
+
+def evaluate(template: dict[str, Any], node: Any, parameters: dict[str, Any]) -> Any:
+    """The value of an intrinsic-function expression (the ones this template's Conditions and
+    instance types use), as CloudFormation computes it from `parameters`."""
+    if not isinstance(node, dict):
+        return node
+    ((function, args),) = node.items()
+
+    def value(item: Any) -> Any:
+        return evaluate(template, item, parameters)
+
+    if function == "Ref":
+        return parameters[args]
+    if function == "Condition":
+        return value(template["Conditions"][args])
+    if function == "Fn::Equals":
+        return str(value(args[0])) == str(value(args[1]))
+    if function == "Fn::Not":
+        return not value(args[0])
+    if function == "Fn::And":
+        return all(value(a) for a in args)
+    if function == "Fn::Or":
+        return any(value(a) for a in args)
+    if function == "Fn::Contains":
+        return str(value(args[1])) in [str(value(a)) for a in args[0]]
+    if function == "Fn::Join":
+        return args[0].join(value(args[1]))
+    if function == "Fn::Split":
+        return value(args[1]).split(args[0])
+    if function == "Fn::Select":
+        return value(args[1])[int(args[0])]
+    if function == "Fn::Sub":
+        text, names = args
+        names = {k: value(v) for k, v in names.items()}
+        return re.sub(r"\$\{(\w+)\}", lambda m: str(names[m[1]]), text)
+    raise AssertionError(f"evaluate() does not know {function}")
+
+
+def resolve(
+    node: Any, mode: str, gpu: bool = False, template: dict[str, Any] | None = None, **values: str
+) -> Any:
+    """`node` with every Fn::If decided as a stack in capacity `mode` with WorkerGpu `gpu` and
+    the default parameters (16 workers, public IPs) or `values`; the conditions are evaluated
+    from the template's own Conditions."""
+    template = template or decode_str(TEMPLATE.read_text())[0]
+    parameters = stack_parameters(template, mode, gpu, **values)
+
+    def decide(node: Any) -> Any:
+        if isinstance(node, dict):
+            if set(node) == {"Fn::If"}:
+                name, if_true, if_false = node["Fn::If"]
+                chosen = evaluate(template, {"Condition": name}, parameters)
+                return decide(if_true if chosen else if_false)
+            resolved = {k: decide(v) for k, v in node.items()}
+            return {k: v for k, v in resolved.items() if v != NO_VALUE}
+        if isinstance(node, list):
+            return [v for v in map(decide, node) if v != NO_VALUE]
+        return node
+
+    return decide(node)
 
 
 def in_mode(template: dict[str, Any], kind: str, mode: str) -> dict[str, dict[str, Any]]:
@@ -118,6 +184,36 @@ def test_parameters_and_outputs_are_the_contract(template: dict[str, Any]) -> No
     assert outputs["MasterAddress"] == {"Fn::Sub": "${Master.PrivateIp}:8080"}
     assert outputs["RunS3Uri"] == {"Fn::Sub": "s3://${RunBucket}/${AWS::StackName}"}
     assert outputs["WorkerServiceName"] == {"Fn::GetAtt": ["WorkerService", "Name"]}
+
+
+def test_gpu_workers_need_ec2_spot_hosts(template: dict[str, Any]) -> None:
+    def holds(mode: str, gpu: bool) -> bool:
+        """Whether CloudFormation's rules accept WorkerGpu `gpu` in capacity `mode`."""
+        parameters = stack_parameters(template, mode, gpu)
+        return all(
+            evaluate(template, check["Assert"], parameters)
+            for rule in template["Rules"].values()
+            if evaluate(template, rule.get("RuleCondition", True), parameters)
+            for check in rule["Assertions"]
+        )
+
+    assert holds("fargate-spot", False) and holds("ec2-spot", False) and holds("ec2-spot", True)
+    assert not holds("fargate-spot", True)  # Fargate has no GPUs: refused before anything
+    # And were the rule bypassed, a Fargate stack would still have no GPU part.
+    is_gpu = {"Condition": "IsGpu"}
+    assert not evaluate(template, is_gpu, stack_parameters(template, "fargate-spot", True))
+    assert evaluate(template, is_gpu, stack_parameters(template, "ec2-spot", True))
+    assert not evaluate(template, is_gpu, stack_parameters(template, "ec2-spot", False))
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+def test_worker_hosts_boot_the_ami_of_their_kind(template: dict[str, Any], gpu: bool) -> None:
+    data = template["Resources"]["WorkerLaunchTemplate"]["Properties"]["LaunchTemplateData"]
+    data = resolve(data, "ec2-spot", gpu, template)
+    assert data["ImageId"] == {"Ref": "WorkerGpuAmi" if gpu else "WorkerAmi"}
+    # The CUDA image is several GB more than the CPU one.
+    (disk,) = data["BlockDeviceMappings"]
+    assert disk["Ebs"]["VolumeSize"] == (60 if gpu else 30)
 
 
 def test_instances_require_imdsv2_and_encrypted_disks(template: dict[str, Any]) -> None:
@@ -161,7 +257,13 @@ def test_spot_capacity_uses_current_mechanisms(template: dict[str, Any]) -> None
     assert distribution["SpotAllocationStrategy"] == "price-capacity-optimized"
     assert props["CapacityRebalance"] is True and props["MinSize"] == "0"
     overrides = props["MixedInstancesPolicy"]["LaunchTemplate"]["Overrides"]
-    assert overrides[0] == {"InstanceType": {"Fn::Select": [0, {"Ref": "WorkerInstanceTypes"}]}}
+    for gpu, listed in ((False, "WorkerInstanceTypes"), (True, "WorkerGpuInstanceTypes")):
+        # The hosts' types are the list of their kind, one override each, up to 8 of them.
+        for types in (CONTRACT_PARAMETERS[listed][1], "a.1", ",".join(f"t{i}.2" for i in range(9))):
+            parameters = stack_parameters(template, "ec2-spot", gpu, **{listed: types})
+            chosen = resolve(overrides, "ec2-spot", gpu, template, **{listed: types})
+            found = [evaluate(template, o["InstanceType"], parameters) for o in chosen]
+            assert found == types.split(",")[:8], (gpu, types)
     (provider,) = of_type(template, "AWS::ECS::CapacityProvider").values()
     group = provider["Properties"]["AutoScalingGroupProvider"]
     assert group["ManagedScaling"]["Status"] == "ENABLED"
@@ -187,12 +289,16 @@ def test_worker_service(template: dict[str, Any], mode: str) -> None:
     assert deployment["DeploymentCircuitBreaker"] == {"Enable": True, "Rollback": True}
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_worker_task_definition(template: dict[str, Any], mode: str) -> None:
+@pytest.mark.parametrize(("mode", "gpu"), VARIANTS, ids=VARIANT_IDS)
+def test_worker_task_definition(template: dict[str, Any], mode: str, gpu: bool) -> None:
     (task,) = in_mode(template, "AWS::ECS::TaskDefinition", mode).values()
-    props = task["Properties"]
+    props = resolve(task["Properties"], mode, gpu, template)
     assert "TaskRoleArn" not in props  # workers only speak gRPC
-    assert (props["Cpu"], props["Memory"]) == ("1024", {"Ref": "WorkerMemory"})
+    if gpu:
+        # One worker per GPU, free to step its envs on all the host's vCPUs.
+        assert "Cpu" not in props and props["Memory"] == {"Ref": "WorkerMemory"}
+    else:
+        assert (props["Cpu"], props["Memory"]) == ("1024", {"Ref": "WorkerMemory"})
     fargate = mode == "fargate-spot"
     assert props["RequiresCompatibilities"] == (["FARGATE"] if fargate else ["EC2"])
     assert props["NetworkMode"] == ("awsvpc" if fargate else "bridge")
@@ -206,6 +312,11 @@ def test_worker_task_definition(template: dict[str, Any], mode: str) -> None:
     env = {e["Name"]: e["Value"] for e in container["Environment"]}
     assert env["NEURO_MASTER"] == {"Fn::Sub": "${Master.PrivateIp}:8080"}
     assert container["Secrets"] == [{"Name": "NEURO_TOKEN", "ValueFrom": {"Ref": "TokenSecret"}}]
+    if gpu:
+        assert container["ResourceRequirements"] == [{"Type": "GPU", "Value": "1"}]
+        assert container["Command"][-2:] == ["--device", "cuda"]
+    else:
+        assert "ResourceRequirements" not in container and "--device" not in container["Command"]
     if fargate:
         assert container["Command"][-2:] == ["--shared-cache-mb", "0"]
     else:
@@ -218,16 +329,19 @@ def test_worker_task_definition(template: dict[str, Any], mode: str) -> None:
         }
 
 
+@pytest.mark.parametrize(("mode", "gpu"), VARIANTS, ids=VARIANT_IDS)
 def test_worker_commands_use_real_worker_flags(
-    template: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    template: dict[str, Any], capsys: pytest.CaptureFixture[str], mode: str, gpu: bool
 ) -> None:
     with pytest.raises(SystemExit):
         worker_main(["--help"])
     known = set(re.findall(r"--[a-z][a-z-]+", capsys.readouterr().out))
-    for task in of_type(template, "AWS::ECS::TaskDefinition").values():
-        (container,) = task["Properties"]["ContainerDefinitions"]
-        flags = {arg for arg in container["Command"] if arg.startswith("--")}
-        assert flags and flags <= known
+    (task,) = in_mode(template, "AWS::ECS::TaskDefinition", mode).values()
+    (container,) = resolve(task["Properties"], mode, gpu, template)["ContainerDefinitions"]
+    flags = {arg for arg in container["Command"] if arg.startswith("--")}
+    assert flags and flags <= known, f"neuro-worker has no {sorted(flags - known)}"
+    # And their values parse (a choice such as --device cuda among them).
+    worker_parser().parse_args(container["Command"])
 
 
 def test_results_and_logs_are_kept(template: dict[str, Any]) -> None:
@@ -416,8 +530,10 @@ def test_worker_host_boot_joins_the_cluster(template: dict[str, Any], tmp_path: 
 # moto skips (with a warning) the resource types it cannot create: bucket policy, secret,
 # standalone egress rule, capacity provider and its association.
 @pytest.mark.filterwarnings("ignore:Tried to parse AWS::")
-@pytest.mark.parametrize("mode", MODES)
-def test_stack_goes_up_scales_and_leaves_its_bucket(aws_endpoint: str, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "gpu"), VARIANTS, ids=VARIANT_IDS)
+def test_stack_goes_up_scales_and_leaves_its_bucket(
+    aws_endpoint: str, mode: str, gpu: bool
+) -> None:
     import boto3
 
     ec2 = boto3.client("ec2")
@@ -427,6 +543,7 @@ def test_stack_goes_up_scales_and_leaves_its_bucket(aws_endpoint: str, mode: str
     parameters.update(
         VpcId=vpc["VpcId"],
         WorkerCapacity=mode,
+        WorkerGpu="true" if gpu else "false",
         WorkerCount="4",
         SubnetIds=",".join(s["SubnetId"] for s in subnets["Subnets"][:2]),
         MasterImage="neuro-master:1",

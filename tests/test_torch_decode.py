@@ -189,6 +189,7 @@ def test_validation_errors(table: np.ndarray, scales: dict) -> None:
         TorchDecoder(table, scale, SIGMA, cache_bytes=-1)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("arch", ["mlp", "nature", "deepga"])
 def test_bit_identical_on_cuda(table: np.ndarray, scales: dict, arch: str) -> None:

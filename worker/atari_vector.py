@@ -44,7 +44,9 @@ class StepResult:
 class VectorGroup:
     """`size` sub-envs of one game in one C++ vector env, stepped by one call."""
 
-    def __init__(self, game: str, size: int, noop_max: int = PAPER_NOOP_MAX) -> None:
+    def __init__(
+        self, game: str, size: int, noop_max: int = PAPER_NOOP_MAX, threads: int = 1
+    ) -> None:
         from ale_py import Action
         from ale_py.vector_env import AtariVectorEnv
 
@@ -56,7 +58,8 @@ class VectorGroup:
             game, size, frameskip=PAPER_FRAME_SKIP, maxpool=True, grayscale=True,
             img_height=SCREEN_SIZE, img_width=SCREEN_SIZE, stack_num=FRAME_STACK,
             noop_max=noop_max, repeat_action_probability=0.0, reward_clipping=False,
-            episodic_life=False, num_threads=1, max_num_frames_per_episode=MAX_EMULATOR_FRAMES,
+            episodic_life=False, num_threads=threads,
+            max_num_frames_per_episode=MAX_EMULATOR_FRAMES,
             # The emulator's own FIRE reset presses FIRE for 1 frame, not one 4-frame agent
             # step as the gymnasium path does; the group presses it as a step instead.
             use_fire_reset=False,

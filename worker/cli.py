@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from neuro.wire import DEFAULT_MASTER, load_token
 from worker.envs import ATARI_ENGINES, DEFAULT_ATARI_ENGINE
@@ -55,6 +55,11 @@ class WorkerSettings:
     spot_endpoint: str | None
     """The metadata service to poll for a spot notice; None: don't poll."""
     spot_poll_seconds: float
+    device: str = "cpu"
+    """Where the forward pass runs: cpu or cuda ("auto" is resolved by worker_settings)."""
+    envs: int = 0
+    """> 0: the batched worker, this many env slots of different individuals stepped together
+    with one forward pass; 0: the per-genome worker (SlotRunner, --slots)."""
 
 
 def worker_parser() -> argparse.ArgumentParser:
@@ -80,6 +85,21 @@ def worker_parser() -> argparse.ArgumentParser:
         default=int(os.environ.get("NEURO_SLOTS", "16")),
         help="episodes run at once; episodes of one genome share a batched forward pass "
         "(env NEURO_SLOTS; default %(default)s)",
+    )
+    parser.add_argument(
+        "--device",
+        default=os.environ.get("NEURO_DEVICE", "auto"),
+        help="where the forward pass runs: auto (CUDA when torch sees one), cpu or cuda; a "
+        "CUDA device runs the batched worker (see --envs) (env NEURO_DEVICE; default auto)",
+    )
+    parser.add_argument(
+        "--envs",
+        type=int,
+        default=int(os.environ.get("NEURO_ENVS", "0")),
+        help="env slots in this one process for the batched worker: it leases up to this many "
+        "tasks of different individuals and evaluates every live episode in one forward pass "
+        "per step; 0: one per core on a CUDA device, else the per-genome worker (--slots) "
+        "(env NEURO_ENVS; default 0)",
     )
     parser.add_argument(
         "--atari-engine",
@@ -181,6 +201,17 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                      f"{', '.join(ATARI_ENGINES)}, got {args.atari_engine!r}")  # fmt: skip
     if args.torch_threads < 1:
         parser.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
+    if args.envs < 0:
+        parser.error(f"--envs (or NEURO_ENVS) must be >= 0, got {args.envs}")
+    device = args.device
+    if device != "cpu":  # only asking torch about CUDA costs its import
+        from worker.batched_runner import resolve_device
+
+        try:
+            device = resolve_device(device)
+        except ValueError as error:
+            parser.error(f"--device (or NEURO_DEVICE): {error}")
+    envs = args.envs or (os.cpu_count() or 1 if device == "cuda" else 0)
     return WorkerSettings(
         master=args.master,
         worker_id=args.worker_id,
@@ -198,6 +229,8 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         root_certificates=_read_tls_ca(parser, args.tls_ca),
         spot_endpoint=spot_endpoint,
         spot_poll_seconds=args.spot_poll_seconds,
+        device=device,
+        envs=envs,
     )
 
 
@@ -273,11 +306,25 @@ def _build_client(settings: WorkerSettings) -> WorkerClient:
         ),
         prefetch=settings.prefetch,
         give_up_after_s=settings.give_up_after,
-        slots=settings.slots,
+        slots=settings.envs or settings.slots,
         stats_path=settings.stats_file,
         token=settings.token,
         root_certificates=settings.root_certificates,
+        runner_factory=_batched_runner(settings) if settings.envs else None,
     )
+
+
+def _batched_runner(settings: WorkerSettings) -> Callable:
+    """Builds the batched runner in the main thread: `envs` slots on the device, the C++
+    vector env stepping them on the host's cores."""
+    from worker.batched_runner import BatchedSlotRunner
+
+    threads = max(1, min(settings.envs, os.cpu_count() or 1)) if settings.device == "cuda" else 1
+
+    def build(evaluator: Any, capacity: int, timers: Any) -> BatchedSlotRunner:
+        return BatchedSlotRunner(evaluator, capacity, settings.device, timers, threads)
+
+    return build
 
 
 def _watch_spot_notices(

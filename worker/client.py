@@ -16,9 +16,10 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -188,6 +189,7 @@ class WorkerClient:
         stats_interval_s: float = 5.0,
         token: str | None = None,
         root_certificates: bytes | None = None,
+        runner_factory: Callable[[Evaluator, int, StepTimers], Any] | None = None,
     ) -> None:
         self.address = address
         self.worker_id = worker_id
@@ -199,6 +201,10 @@ class WorkerClient:
         self.stats_interval_s = stats_interval_s
         self._token = token  # private and out of __repr__: it must never reach a log line
         self._root_certificates = root_certificates
+        self._runner_factory = runner_factory
+        self.batched = runner_factory is not None
+        """Runs tasks of different genomes together (worker.batched_runner): it leases and
+        starts up to `slots` of them at once, where a SlotRunner runs one genome at a time."""
         self.counters = WorkerCounters()
         self.timers = StepTimers()
         self._stop = threading.Event()
@@ -234,7 +240,10 @@ class WorkerClient:
 
     def _work_loop(self) -> None:
         shared = self._shared
-        runner = SlotRunner(self.evaluator, self.slots, self.timers)
+        if self._runner_factory is not None:
+            runner = self._runner_factory(self.evaluator, self.slots, self.timers)
+        else:
+            runner = SlotRunner(self.evaluator, self.slots, self.timers)
         while True:
             with self._wake:
                 for task_id in shared.cancelled:
@@ -245,7 +254,7 @@ class WorkerClient:
                 if self._stop.is_set() or shared.fatal:
                     self._abandon(runner)
                     return
-                starting = self._take_startable(runner.free)
+                starting = self._take_startable(runner.free) if shared.inbox else []
                 if not starting and not runner.busy:
                     if self._finished():
                         return
@@ -268,6 +277,11 @@ class WorkerClient:
         forward of the 4M network with 8 genomes in flight), so those wait their turn.
         """
         shared = self._shared
+        if self.batched:  # one forward pass covers every slot, whatever its genome
+            starting = [shared.inbox.popleft() for _ in range(min(free, len(shared.inbox)))]
+            for task in starting:
+                shared.running[task.task_id] = task
+            return starting
         running = {_genome_key(t) for t in shared.running.values()}
         starting = []
         for task in list(shared.inbox):
@@ -282,7 +296,7 @@ class WorkerClient:
                 starting.append(task)
         return starting
 
-    def _start(self, runner: SlotRunner, task: pb.Task) -> None:
+    def _start(self, runner: Any, task: pb.Task) -> None:
         try:
             runner.start(task.task_id, task, spec_from_task(task))
         except Exception as error:  # a task that cannot start is reported; the master decides
@@ -336,7 +350,7 @@ class WorkerClient:
             self._shared.outbox.extend(results)
             self._wake.notify_all()
 
-    def _abandon(self, runner: SlotRunner) -> None:
+    def _abandon(self, runner: Any) -> None:
         """On stop: drop every running episode; the link thread hands the tasks back."""
         shared = self._shared
         for task_id in list(shared.running):
@@ -429,7 +443,7 @@ class WorkerClient:
         # re-evaluation); hoarding tasks of many genomes would run them one after another and
         # leave other workers idle at the end of the phase.
         re_evaluation = len(held) > 1 and len({_genome_key(t) for t in held}) == 1
-        width = self.slots if re_evaluation else 1
+        width = self.slots if re_evaluation or self.batched else 1
         return width + self.prefetch - len(held)
 
     def _settle_current(self) -> None:

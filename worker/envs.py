@@ -33,11 +33,13 @@ class EnvPool:
     envs, and Atari under the registered dynamics, are gymnasium envs either way.
     """
 
-    def __init__(self, atari_engine: str = GYM, vector_size: int = 1) -> None:
+    def __init__(self, atari_engine: str = GYM, vector_size: int = 1, threads: int = 1) -> None:
+        """`threads`: the C++ vector env's own threads stepping its sub-envs."""
         if atari_engine not in ATARI_ENGINES:
             raise ValueError(f"atari engine must be one of {ATARI_ENGINES}, got {atari_engine!r}")
         self.atari_engine = atari_engine
         self.vector_size = vector_size
+        self.threads = threads
         self._free: dict[tuple[str, str], list[EnvHandle]] = defaultdict(list)
         self._groups: dict[str, list] = defaultdict(list)  # game -> its VectorGroups
 
@@ -81,7 +83,7 @@ class EnvPool:
                 if sub is not None:
                     break
             else:
-                groups.append(VectorGroup(game, self.vector_size))
+                groups.append(VectorGroup(game, self.vector_size, threads=self.threads))
                 sub = groups[-1].take()
         except Exception as error:  # as build_env: reported, never fatal
             raise EnvBuildError(f"cannot build env {env_id!r}: {error}") from error

@@ -107,9 +107,17 @@ class _AtariNet(nn.Module):
         channels = ATARI_SHAPE[0]
         # F.pad order is (left, right, top, bottom); the grid is square.
         self.pads = atari_conv_pads(architecture)
+        """Each conv layer's SAME (deepga) or no (nature) padding."""
+        # The symmetric part of each padding is the conv's own (one op less per layer);
+        # only deepga's conv2 (1 before, 2 after) keeps an explicit F.pad of the odd pixel.
+        self._extra_pads: list[tuple[int, int, int, int] | None] = []
         convs = []
-        for out_channels, kernel, stride in ATARI_CONVS:
-            convs.append(nn.Conv2d(channels, out_channels, kernel, stride))
+        for (out_channels, kernel, stride), (before, after, _, _) in zip(
+            ATARI_CONVS, self.pads, strict=True
+        ):
+            convs.append(nn.Conv2d(channels, out_channels, kernel, stride, padding=before))
+            extra = after - before
+            self._extra_pads.append((0, extra, 0, extra) if extra else None)
             channels = out_channels
         self.conv1, self.conv2, self.conv3 = convs
         fc_inputs = parameter_layout(architecture, ATARI_SHAPE, n_actions)[-4][1][1]
@@ -127,9 +135,9 @@ class _AtariNet(nn.Module):
         conv_dtype = _dtype(self.conv1)
         if conv_dtype != x.dtype:
             x = x.to(conv_dtype)
-        for conv, pad in zip((self.conv1, self.conv2, self.conv3), self.pads, strict=True):
-            if any(pad):
-                x = F.pad(x, pad)
+        for conv, extra in zip((self.conv1, self.conv2, self.conv3), self._extra_pads, strict=True):
+            if extra is not None:
+                x = F.pad(x, extra)
             x = F.relu(conv(x), inplace=True)
         x = x.flatten(1)
         for layer in (self.fc, self.out):

@@ -22,7 +22,11 @@ from neuro.observation_stats import ObservationStats
 
 
 class Actor(Protocol):
-    """Anything that maps a batch of observations (leading axis) to one action per row."""
+    """Anything that maps a batch of observations (leading axis) to one action per row.
+
+    An actor with a `batch_group` attribute is stepped with the other actors of that group in
+    one `batch_group.act_rows(actors, observations)` call, row i acting as actors[i].
+    """
 
     def act_batch(self, observations: np.ndarray) -> np.ndarray | Sequence[Any]: ...
 
@@ -166,11 +170,19 @@ class Rollout:
         for key, lane in self._lanes.items():
             # A vector sub-env pressing its reset's FIRE takes no agent action this step.
             if getattr(lane.handle.env, "ready", True):
-                by_actor[id(lane.actor)].append((key, lane))
+                # Actors of one batch group (different individuals held together, as by
+                # worker.batched_runner) share one forward pass too.
+                batch_key = getattr(lane.actor, "batch_group", lane.actor)
+                by_actor[id(batch_key)].append((key, lane))
         started = time.perf_counter()
         for members in by_actor.values():
             lanes = [lane for _, lane in members]
-            batch = np.stack([lane.observation for lane in lanes])
+            # One lane (an offspring's episode, most of a run): a view, not a copy.
+            batch = (
+                lanes[0].observation[None]
+                if len(lanes) == 1
+                else (np.stack([lane.observation for lane in lanes]))
+            )
             for row, lane in enumerate(lanes):
                 if lane.sums is not None:
                     observed = batch[row].astype(np.float64).ravel()
@@ -178,7 +190,11 @@ class Rollout:
                     lane.sums[1] += observed
                     lane.sums[2] += observed * observed
             try:
-                actions = lanes[0].actor.act_batch(batch)
+                group = getattr(lanes[0].actor, "batch_group", None)
+                if group is not None:
+                    actions = group.act_rows([lane.actor for lane in lanes], batch)
+                else:
+                    actions = lanes[0].actor.act_batch(batch)
             except Exception as error:  # e.g. a policy that cannot read this observation
                 self._failed([key for key, _ in members], error)
                 continue

@@ -1,0 +1,207 @@
+"""Many tasks of different individuals in one worker: one batched forward pass per step.
+
+`BatchedSlotRunner` is `SlotRunner`'s counterpart for `neuro-worker --envs N` (and a CUDA
+device): it holds up to N tasks at once, whatever their genomes, keeps each task's weights in
+a slot of a `BatchedPolicies` on the device, and evaluates every live episode of every task
+in one forward pass per step. Paper-protocol Atari plays on one C++ vector env of N sub-envs,
+stepped by one call. Episodes of different lengths free their slot at once for the next task.
+
+The forward pass is float32 (TF32 off on CUDA): a genome is the same policy as on a CPU
+worker up to float32 summation order (tests/test_batched.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from neuro.envs.make import EnvHandle
+from neuro.observation_stats import normalise
+from worker.batched import BatchedPolicies
+from worker.envs import EnvPool
+from worker.evaluator import Evaluation, EvaluationSpec, Evaluator
+from worker.policies import Policy, build_policy
+from worker.rollout import Rollout, StepTimers
+
+__all__ = ["BatchedSlotRunner", "resolve_device"]
+
+
+def resolve_device(device: str) -> str:
+    """ "auto" -> "cuda" when torch sees a CUDA device, else "cpu"; ValueError naming a device
+    that is neither or that is not here."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' asked for, but torch sees no CUDA device here")
+    return device
+
+
+@dataclass(eq=False)
+class _SlotGroup:
+    """One BatchedPolicies and the slots its tasks hold; the rollout's batch key."""
+
+    policies: BatchedPolicies
+    template: Policy
+    free: list[int] = field(default_factory=list)
+
+    def act_rows(self, actors: Sequence[_SlotActor], observations: np.ndarray) -> np.ndarray:
+        """Row i acts as actors[i]'s individual, normalised with its own statistics (ES)."""
+        if any(actor.observation_norm is not None for actor in actors):
+            rows = []
+            for actor, row in zip(actors, observations, strict=True):
+                if actor.observation_norm is None:
+                    rows.append(np.asarray(row, dtype=np.float32))
+                else:
+                    mean, std = actor.observation_norm
+                    rows.append(normalise(row[None], mean, std).reshape(row.shape))
+            observations = np.stack(rows)
+        return self.policies.act([actor.slot for actor in actors], observations)
+
+
+@dataclass(eq=False)
+class _SlotActor:
+    """A task's individual: a slot of its group. The rollout batches all lanes of a group."""
+
+    batch_group: _SlotGroup
+    slot: int
+    observation_norm: tuple[np.ndarray, np.ndarray] | None = None
+
+    def act_batch(self, observations: np.ndarray) -> np.ndarray:
+        return self.batch_group.act_rows([self] * len(observations), observations)
+
+
+@dataclass
+class _Task:
+    task: Any
+    spec: EvaluationSpec
+    handle: EnvHandle
+    group: _SlotGroup
+    slot: int
+
+
+class BatchedSlotRunner:
+    """Runs up to `capacity` tasks' episodes in lockstep, one forward pass per step for all.
+
+    The interface is SlotRunner's: the worker's main loop feeds it with start() and drains it
+    with step().
+    """
+
+    def __init__(
+        self,
+        evaluator: Evaluator,
+        capacity: int,
+        device: str = "cpu",
+        timers: StepTimers | None = None,
+        env_threads: int = 1,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"env slots must be >= 1, got {capacity}")
+        self.evaluator = evaluator
+        self.capacity = capacity
+        self.device = resolve_device(device)
+        self.timers = timers or StepTimers()
+        self._rollout = Rollout(self.timers, contain_failures=True)
+        self._tasks: dict[str, _Task] = {}
+        # One vector env of `capacity` sub-envs per game: every busy slot steps in one call.
+        self._envs = EnvPool(evaluator.atari_engine, capacity, env_threads)
+        self._groups: dict[Hashable, _SlotGroup] = {}
+
+    def __repr__(self) -> str:
+        return f"BatchedSlotRunner(busy={len(self._tasks)}/{self.capacity}, {self.device})"
+
+    @property
+    def free(self) -> int:
+        return self.capacity - len(self._tasks)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._tasks)
+
+    def task_ids(self) -> list[str]:
+        return list(self._tasks)
+
+    def start(self, task_id: str, task: Any, spec: EvaluationSpec) -> None:
+        """Takes a task into a free slot; EnvBuildError if its env cannot be built here,
+        ValueError if its parameters cannot be loaded (the caller reports either)."""
+        if not self.free:
+            raise RuntimeError(f"no free slot for {task_id}: {self!r}")
+        if spec.inference_dtype != "float32":
+            raise ValueError(
+                f"the batched worker (--envs, or a GPU) runs float32 only; this task asks for "
+                f"{spec.inference_dtype!r}"
+            )
+        handle = self._envs.take(spec.env_id, spec.atari_dynamics, spec.behaviour_size > 0)
+        try:
+            group = self._group(spec, handle)
+            started = time.perf_counter()
+            flat = self.evaluator.parameters(spec, group.template)
+            norm = self.evaluator.observation_norm(spec, group.template)
+            slot = group.free.pop()
+            try:
+                group.policies.load(slot, flat)
+            except BaseException:
+                group.free.append(slot)
+                raise
+            self.timers.decode_s += time.perf_counter() - started
+        except BaseException:
+            self._envs.give(spec.env_id, spec.atari_dynamics, handle)
+            raise
+        self._tasks[task_id] = _Task(task, spec, handle, group, slot)
+        actor = _SlotActor(group, slot, norm)
+        try:
+            self._rollout.add(task_id, handle, actor, spec.episodes, spec.max_episode_steps,
+                              spec.env_seed, spec.behaviour_size,
+                              bool(spec.observation_size))  # fmt: skip
+        except BaseException:
+            self._release(task_id)
+            raise
+
+    def step(self) -> list[tuple[str, Any, Evaluation]]:
+        """One agent step in every slot; the tasks that finished, as SlotRunner.step."""
+        finished = []
+        for task_id, episodes in self._rollout.step():
+            task = self._release(task_id)
+            finished.append((task_id, task.task, Evaluation.of(episodes)))
+        for task_id, error in self._rollout.take_failures():
+            task = self._release(task_id, env_usable=False)
+            finished.append((task_id, task.task, Evaluation([], [], error=error)))
+        return finished
+
+    def drop(self, task_id: str) -> Any | None:
+        """Abandons a task mid-episode; returns it (None if it is not here)."""
+        if task_id not in self._tasks:
+            return None
+        self._rollout.remove(task_id)
+        return self._release(task_id).task
+
+    def _group(self, spec: EvaluationSpec, handle: EnvHandle) -> _SlotGroup:
+        """The slot group of this network shape, built on first use."""
+        key = (spec.architecture, spec.hidden_sizes, spec.env_id, spec.atari_dynamics)
+        group = self._groups.get(key)
+        if group is None:
+            env = handle.env
+            template = build_policy(spec.architecture, env.observation_space, env.action_space,
+                                    spec.hidden_sizes)  # fmt: skip
+            policies = BatchedPolicies(template, self.capacity, self.device)
+            group = _SlotGroup(policies, template, list(range(self.capacity - 1, -1, -1)))
+            self._groups[key] = group
+        return group
+
+    def _release(self, task_id: str, env_usable: bool = True) -> _Task:
+        """Frees a task's slot and env (closed instead if it failed: its state is unknown)."""
+        task = self._tasks.pop(task_id)
+        task.group.free.append(task.slot)
+        if env_usable or getattr(task.handle.env, "group", None) is not None:
+            self._envs.give(task.spec.env_id, task.spec.atari_dynamics, task.handle)
+        else:
+            with contextlib.suppress(Exception):  # it failed already; closing is best effort
+                task.handle.env.close()
+        return task
