@@ -76,6 +76,8 @@ class VectorGroup:
         self._age = np.full(size, FRAME_STACK, dtype=np.int64)
         """Stacked frames that belong to the current episode's start (FRAME_STACK: all)."""
         self._autoreset = np.zeros(size, dtype=bool)
+        self._actions = np.zeros(size, dtype=np.int64)
+        self._paddles = np.ones(size, dtype=np.float32)
         self._pending: np.ndarray | None = None  # the last step's observations
         self._free = list(range(size - 1, -1, -1))
         self.env.reset(seed=0)  # partial resets need one full reset first
@@ -95,6 +97,7 @@ class VectorGroup:
         """Frees a sub-env; it keeps being stepped (with NOOP) but reports to no one."""
         if self._taken[sub.index]:
             self._taken[sub.index] = False
+            self._age[sub.index] = FRAME_STACK  # ages only matter while taken
             self._free.append(sub.index)
 
     def reset(self, index: int, seed: int | None) -> np.ndarray:
@@ -116,17 +119,25 @@ class VectorGroup:
 
     def step(self, actions: dict[int, int]) -> StepResult:
         """One step of every sub-env: given actions, FIRE where a reset wants it, else NOOP."""
-        batch = np.zeros(self.size, dtype=np.int64)
+        batch = self._actions
+        batch[:] = 0
         for index, action in actions.items():
             batch[index] = action
         firing = self._fire_pending & self._taken
-        if self.fire is not None:
+        any_firing = self.fire is not None and bool(firing.any())
+        if any_firing:
             batch[firing] = self.fire
-        observations, rewards, terminated, truncated, _ = self.env.step(batch)
+        # The vector env's step() is send() + recv(); send() would build the (constant)
+        # paddle strengths anew on every call.
+        ale = self.env.ale
+        ale.send(batch, self._paddles)
+        observations, rewards, terminated, truncated, _ = ale.recv()
         counted = self._taken & ~firing
-        self._fire_pending &= ~firing
-        self._age[firing] = 1  # the frame after FIRE is the gymnasium path's first observation
-        self._age[counted] = np.minimum(self._age[counted] + 1, FRAME_STACK)
+        if any_firing:
+            self._fire_pending &= ~firing
+            self._age[firing] = 1  # the frame after FIRE is the gymnasium path's first one
+        if self._age.min() < FRAME_STACK:  # some episode's stack still holds its first frame
+            self._age[counted] = np.minimum(self._age[counted] + 1, FRAME_STACK)
         ended = terminated | truncated
         self._autoreset[:] = ended
         self._pending = observations

@@ -15,7 +15,7 @@ import os
 import random
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,11 +66,25 @@ def heartbeat_interval(lease_seconds: Iterable[float]) -> float:
     return min(max(min(usable) / 4.0, HEARTBEAT_MIN_S), HEARTBEAT_MAX_S)
 
 
+_GENOME_KEYS: OrderedDict[tuple[str, str], tuple] = OrderedDict()
+_GENOME_KEYS_KEPT = 4096
+
+
 def _genome_key(task: pb.Task) -> tuple:
-    if task.HasField("perturbation"):
-        es = task.perturbation
-        return ("es", es.version, es.noise_index, es.sign)
-    return tuple(task.genome.seeds)
+    """Which individual a task evaluates; remembered per task, since the main loop asks on
+    every step and a late genome has hundreds of seeds."""
+    ident = (task.run_id, task.task_id)
+    key = _GENOME_KEYS.get(ident)
+    if key is None:
+        if task.HasField("perturbation"):
+            es = task.perturbation
+            key = ("es", es.version, es.noise_index, es.sign)
+        else:
+            key = tuple(task.genome.seeds)
+        _GENOME_KEYS[ident] = key
+        if len(_GENOME_KEYS) > _GENOME_KEYS_KEPT:
+            _GENOME_KEYS.popitem(last=False)
+    return key
 
 
 def spec_from_task(task: pb.Task) -> EvaluationSpec:

@@ -342,7 +342,8 @@ def actions_from_outputs(out: np.ndarray, space: Any) -> np.ndarray:
     [low, high] for Box; one action per row of the (batch, n_out) network outputs."""
     if isinstance(space, gym.spaces.Discrete):
         # np.argmax picks the lowest index on ties.
-        return np.argmax(out, axis=1).astype(np.int64) + int(space.start)
+        actions = np.argmax(out, axis=1).astype(np.int64, copy=False)
+        return actions + int(space.start) if space.start else actions
     low, high = space.low.astype(np.float32).ravel(), space.high.astype(np.float32).ravel()
     squashed = (np.tanh(out) + 1.0) * 0.5
     actions = low + squashed * (high - low)
