@@ -10,6 +10,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 from master.config import RunConfig
 from master.run.start import resume_config, task_template
@@ -180,3 +181,17 @@ def test_int8_reads_a_quarter_of_the_dense_bytes() -> None:
     dense = 7744 * 512 + 8 * 512
     assert sizes["int8"] < sizes["bfloat16"] < sizes["float32"]
     assert dense < sizes["int8"] < dense + 4 * (4_052_658 - 7744 * 512 - 512)
+
+
+def test_an_int8_row_acts_the_same_whatever_shares_its_batch() -> None:
+    """Per-call input quantisation would tie a row's range to its batch-mates'."""
+    policy = build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype="int8")
+    rng = np.random.default_rng(5)
+    policy.load_parameters(
+        (rng.standard_normal(policy.num_params) * policy.init_scale()).astype(np.float32)
+    )
+    dense = policy._inference_module.fc
+    rows = torch.from_numpy(np.abs(rng.standard_normal((6, 7744))).astype(np.float32))
+    rows[3:] /= 50  # a much smaller input range than their batch-mates'
+    with torch.inference_mode():
+        assert torch.equal(dense(rows), torch.cat([dense(row[None]) for row in rows]))

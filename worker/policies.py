@@ -96,7 +96,14 @@ class _Int8Linear(nn.Module):
             self._packed = torch.ops.quantized.linear_prepack(quantised, bias.clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x.contiguous(), self._packed, True)
+        x = x.contiguous()
+        if len(x) == 1:
+            return torch.ops.quantized.linear_dynamic(x, self._packed, True)
+        # Row by row: the input's quantisation range is the whole call's, so a batched call
+        # would make an episode's actions depend on which others shared its batch.
+        return torch.cat(
+            [torch.ops.quantized.linear_dynamic(row, self._packed, True) for row in x.split(1)]
+        )
 
 
 class _AtariNet(nn.Module):
