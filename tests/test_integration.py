@@ -70,7 +70,9 @@ def test_one_command_trains_cartpole_to_the_threshold(tmp_path: Path, noise_cach
 async def _train_with_a_worker_killed(tmp_path: Path) -> tuple[list, list[int], int]:
     config = preset(
         inspect_env_id("CartPole-v1"),
-        population_size=40,
+        # Enough individuals that generation 1 lasts long enough (a few hundred ms of CartPole)
+        # for the 5 ms poll below to find the victim holding leases in it.
+        population_size=200,
         truncation=5,
         elite_candidates=2,
         elite_episodes=5,
@@ -120,7 +122,7 @@ def test_a_worker_killed_mid_generation_does_not_stall_the_run(
     # Its leases lapsed and were re-issued; every individual was still scored exactly once.
     # (Not necessarily all it held: a result can be reported in the instant before the kill.)
     assert records[1].leases_reissued >= 1
-    per_generation = 40 + 2 * 5
+    per_generation = 200 + 2 * 5
     check_metrics_add_up(read_metrics(tmp_path / "run/metrics.jsonl"), per_generation)
     assert all(r.failed_evaluations == 0 for r in records)
 
