@@ -133,7 +133,92 @@ class CacheBudget:
             victim._evict_oldest(recycle=victim is decoder)
 
 
-class GenomeDecoder:
+class CachedDecoder:
+    """The cache walk every genome decoder shares (GenomeDecoder here; the device decoder in
+    worker/torch_decode.py): a hit, else the nearest cached ancestor, the parent kept hot for
+    its siblings, the child entering at the cold end.
+
+    Subclasses hold `_cache` (key -> vector, least recently used first), `_children` and
+    `stats`, and give `_extend` (apply seeds to a vector) and `_insert` (admit a vector).
+    """
+
+    _cache: OrderedDict
+    _children: OrderedDict
+    stats: DecodeStats
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def clear(self) -> None:
+        """Drop every cached vector."""
+        self._cache.clear()
+        self._children.clear()
+        self._cached_bytes = 0
+
+    def _decode_key(self, key: tuple[int, ...]):
+        """The vector of a checked seed tuple, through the cache.
+
+        A miss resumes from the nearest cached ancestor (the parent, usually). Parents are
+        kept at the recently-used end and children enter at the other end, so a stream of
+        children does not evict the T parents they share; a child used again (an elite
+        re-evaluated over many episodes) moves up like any hit.
+        """
+        theta = self._cache.get(key)
+        if theta is not None:
+            self._cache.move_to_end(key)
+            self.stats.hits += 1
+            return theta
+        depth, base = self._nearest_ancestor(key)
+        if base is not None and depth == 1:
+            self.stats.parent_hits += 1
+        elif base is not None:
+            self.stats.ancestor_hits += 1
+        else:
+            self.stats.cold += 1
+        if self._keeps_parents and len(key) > 1 and depth != 1:
+            # The parent will be asked for again by this child's siblings: keep it hot.
+            parent = self._build_parent(base, key[:-1], len(key) - depth)
+            self._insert(key[:-1], parent, hot=True)
+            base, depth = parent, 1
+        theta = self._sealed(self._extend(base, key, len(key) - depth))
+        self._insert(key, theta, hot=False)
+        return theta
+
+    def _nearest_ancestor(self, key: tuple[int, ...]):
+        """(generations back, vector) of the closest cached ancestor within reach."""
+        for depth in range(1, min(len(key), MAX_ANCESTOR_DEPTH + 1)):
+            ancestor = self._cache.get(key[:-depth])
+            if ancestor is not None:
+                self._cache.move_to_end(key[:-depth])
+                return depth, ancestor
+            ancestor = self._ancestor_elsewhere(key[:-depth])
+            if ancestor is not None:
+                return depth, ancestor
+        return 0, None
+
+    @property
+    def _keeps_parents(self) -> bool:
+        return True
+
+    def _ancestor_elsewhere(self, key: tuple[int, ...]):
+        """An ancestor found outside this cache (admitted to it), or None."""
+        return None
+
+    def _build_parent(self, base, key: tuple[int, ...], start: int):
+        return self._sealed(self._extend(base, key, start))
+
+    def _sealed(self, theta):
+        """A vector as callers get it (read-only where the array type allows)."""
+        return theta
+
+    def _extend(self, base, key: tuple[int, ...], start: int):
+        raise NotImplementedError
+
+    def _insert(self, key: tuple[int, ...], theta, hot: bool) -> None:
+        raise NotImplementedError
+
+
+class GenomeDecoder(CachedDecoder):
     """Decodes genomes, reusing a byte-bounded LRU cache of recently decoded vectors."""
 
     def __init__(
@@ -181,9 +266,6 @@ class GenomeDecoder:
         """The byte bound of this decoder's cache (shared with others when given a budget)."""
         return self._budget.limit_bytes
 
-    def __len__(self) -> int:
-        return len(self._cache)
-
     def __contains__(self, seeds: Sequence[int]) -> bool:
         return tuple(int(s) for s in seeds) in self._cache
 
@@ -194,55 +276,29 @@ class GenomeDecoder:
         )
 
     def decode(self, seeds: Sequence[int]) -> np.ndarray:
-        """Return the read-only parameter vector of a genome.
+        """Return the read-only parameter vector of a genome (see CachedDecoder)."""
+        return self._decode_key(_check_seeds(seeds))
 
-        A miss resumes from the nearest cached ancestor (the parent, usually). Parents are
-        kept at the recently-used end and children enter at the other end, so a stream of
-        children does not evict the T parents they share; a child used again (an elite
-        re-evaluated over many episodes) moves up like any hit.
-        """
-        key = _check_seeds(seeds)
-        theta = self._cache.get(key)
-        if theta is not None:
-            self._cache.move_to_end(key)
-            self.stats.hits += 1
-            return theta
-        depth, base = self._nearest_ancestor(key)
-        if base is not None and depth == 1:
-            self.stats.parent_hits += 1
-        elif base is not None:
-            self.stats.ancestor_hits += 1
-        else:
-            self.stats.cold += 1
-        if len(key) > 1 and depth != 1:
-            # The parent will be asked for again by this child's siblings (on every worker of
-            # the host): keep it hot, and shared.
-            if self._shared is None:
-                parent = self._extend(base, key[:-1], len(key) - depth)
-            else:
-                parent = self._build_shared(base, key[:-1], len(key) - depth)
-            parent.flags.writeable = False
-            self._insert(key[:-1], parent, hot=True)
-            base, depth = parent, 1
-        theta = self._extend(base, key, len(key) - depth)
+    def _ancestor_elsewhere(self, key: tuple[int, ...]) -> np.ndarray | None:
+        if self._shared is None:
+            return None
+        ancestor = self._shared.get(self._shared_key(key), self.num_params)
+        if ancestor is not None:  # another worker of this host decoded it
+            self.stats.shared_hits += 1
+            self._insert(key, ancestor, hot=True)
+        return ancestor
+
+    def _build_parent(
+        self, base: np.ndarray | None, key: tuple[int, ...], start: int
+    ) -> np.ndarray:
+        # Shared, when a store is given: every worker of the host asks for the same parent.
+        if self._shared is None:
+            return self._sealed(self._extend(base, key, start))
+        return self._sealed(self._build_shared(base, key, start))
+
+    def _sealed(self, theta: np.ndarray) -> np.ndarray:
         theta.flags.writeable = False
-        self._insert(key, theta, hot=False)
         return theta
-
-    def _nearest_ancestor(self, key: tuple[int, ...]) -> tuple[int, np.ndarray | None]:
-        """(generations back, vector) of the closest cached ancestor within reach."""
-        for depth in range(1, min(len(key), MAX_ANCESTOR_DEPTH + 1)):
-            ancestor = self._cache.get(key[:-depth])
-            if ancestor is not None:
-                self._cache.move_to_end(key[:-depth])
-                return depth, ancestor
-            if self._shared is not None:
-                ancestor = self._shared.get(self._shared_key(key[:-depth]), self.num_params)
-                if ancestor is not None:  # another worker of this host decoded it
-                    self.stats.shared_hits += 1
-                    self._insert(key[:-depth], ancestor, hot=True)
-                    return depth, ancestor
-        return 0, None
 
     def _build_shared(
         self, base: np.ndarray | None, key: tuple[int, ...], start: int
@@ -278,12 +334,6 @@ class GenomeDecoder:
         if old.base is None and len(self._spares) < MAX_SPARES:
             old.flags.writeable = True
             self._spares.append(old)
-
-    def clear(self) -> None:
-        """Drop every cached vector."""
-        self._cache.clear()
-        self._children.clear()
-        self._cached_bytes = 0
 
     def _evict_oldest(self, recycle: bool = True) -> None:
         """Drops the least recently used vector, keeping its memory if `recycle` and unheld."""

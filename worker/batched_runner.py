@@ -12,7 +12,6 @@ worker up to float32 summation order (tests/test_batched.py).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +24,10 @@ from neuro.envs.make import EnvHandle
 from neuro.observation_stats import normalise
 from worker.batched import BatchedPolicies
 from worker.envs import EnvPool
-from worker.evaluator import Evaluation, EvaluationSpec, Evaluator
+from worker.evaluator import EvaluationSpec, Evaluator
 from worker.policies import Policy, build_policy
-from worker.rollout import Rollout, StepTimers
+from worker.rollout import StepTimers
+from worker.slots import RunningTask, TaskRunner
 
 __all__ = ["BatchedSlotRunner", "resolve_device"]
 
@@ -78,16 +78,7 @@ class _SlotActor:
         return self.batch_group.act_rows([self] * len(observations), observations)
 
 
-@dataclass
-class _Task:
-    task: Any
-    spec: EvaluationSpec
-    handle: EnvHandle
-    group: _SlotGroup
-    slot: int
-
-
-class BatchedSlotRunner:
+class BatchedSlotRunner(TaskRunner):
     """Runs up to `capacity` tasks' episodes in lockstep, one forward pass per step for all.
 
     The interface is SlotRunner's: the worker's main loop feeds it with start() and drains it
@@ -102,43 +93,24 @@ class BatchedSlotRunner:
         timers: StepTimers | None = None,
         env_threads: int = 1,
     ) -> None:
-        if capacity < 1:
-            raise ValueError(f"env slots must be >= 1, got {capacity}")
-        self.evaluator = evaluator
-        self.capacity = capacity
-        self.device = resolve_device(device)
-        self.timers = timers or StepTimers()
-        self._rollout = Rollout(self.timers, contain_failures=True)
-        self._tasks: dict[str, _Task] = {}
         # One vector env of `capacity` sub-envs per game: every busy slot steps in one call.
-        self._envs = EnvPool(evaluator.atari_engine, capacity, env_threads)
+        super().__init__(evaluator, capacity, timers,
+                         EnvPool(evaluator.atari_engine, capacity, env_threads))  # fmt: skip
+        self.device = resolve_device(device)
         self._groups: dict[Hashable, _SlotGroup] = {}
 
     def __repr__(self) -> str:
         return f"BatchedSlotRunner(busy={len(self._tasks)}/{self.capacity}, {self.device})"
 
-    @property
-    def free(self) -> int:
-        return self.capacity - len(self._tasks)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._tasks)
-
-    def task_ids(self) -> list[str]:
-        return list(self._tasks)
-
     def start(self, task_id: str, task: Any, spec: EvaluationSpec) -> None:
         """Takes a task into a free slot; EnvBuildError if its env cannot be built here,
         ValueError if its parameters cannot be loaded (the caller reports either)."""
-        if not self.free:
-            raise RuntimeError(f"no free slot for {task_id}: {self!r}")
         if spec.inference_dtype != "float32":
             raise ValueError(
                 f"the batched worker (--envs, or a GPU) runs float32 only; this task asks for "
                 f"{spec.inference_dtype!r}"
             )
-        handle = self._envs.take(spec.env_id, spec.atari_dynamics, spec.behaviour_size > 0)
+        handle = self._take_env(task_id, spec)
         try:
             group = self._group(spec, handle)
             started = time.perf_counter()
@@ -152,35 +124,10 @@ class BatchedSlotRunner:
                 raise
             self.timers.decode_s += time.perf_counter() - started
         except BaseException:
-            self._envs.give(spec.env_id, spec.atari_dynamics, handle)
+            self._give_env(spec, handle)
             raise
-        self._tasks[task_id] = _Task(task, spec, handle, group, slot)
         actor = _SlotActor(group, slot, norm)
-        try:
-            self._rollout.add(task_id, handle, actor, spec.episodes, spec.max_episode_steps,
-                              spec.env_seed, spec.behaviour_size,
-                              bool(spec.observation_size))  # fmt: skip
-        except BaseException:
-            self._release(task_id)
-            raise
-
-    def step(self) -> list[tuple[str, Any, Evaluation]]:
-        """One agent step in every slot; the tasks that finished, as SlotRunner.step."""
-        finished = []
-        for task_id, episodes in self._rollout.step():
-            task = self._release(task_id)
-            finished.append((task_id, task.task, Evaluation.of(episodes)))
-        for task_id, error in self._rollout.take_failures():
-            task = self._release(task_id, env_usable=False)
-            finished.append((task_id, task.task, Evaluation([], [], error=error)))
-        return finished
-
-    def drop(self, task_id: str) -> Any | None:
-        """Abandons a task mid-episode; returns it (None if it is not here)."""
-        if task_id not in self._tasks:
-            return None
-        self._rollout.remove(task_id)
-        return self._release(task_id).task
+        self._play(task_id, RunningTask(task, spec, handle, actor), actor)
 
     def _group(self, spec: EvaluationSpec, handle: EnvHandle) -> _SlotGroup:
         """The slot group of this network shape, built on first use."""
@@ -195,13 +142,6 @@ class BatchedSlotRunner:
             self._groups[key] = group
         return group
 
-    def _release(self, task_id: str, env_usable: bool = True) -> _Task:
-        """Frees a task's slot and env (closed instead if it failed: its state is unknown)."""
-        task = self._tasks.pop(task_id)
-        task.group.free.append(task.slot)
-        if env_usable or getattr(task.handle.env, "group", None) is not None:
-            self._envs.give(task.spec.env_id, task.spec.atari_dynamics, task.handle)
-        else:
-            with contextlib.suppress(Exception):  # it failed already; closing is best effort
-                task.handle.env.close()
-        return task
+    def _unload(self, task: RunningTask) -> None:
+        """Its slot is free for the next task."""
+        task.actor.batch_group.free.append(task.actor.slot)

@@ -216,9 +216,6 @@ class WorkerClient:
         self._token = token  # private and out of __repr__: it must never reach a log line
         self._root_certificates = root_certificates
         self._runner_factory = runner_factory
-        self.batched = runner_factory is not None
-        """Runs tasks of different genomes together (worker.batched_runner): it leases and
-        starts up to `slots` of them at once, where a SlotRunner runs one genome at a time."""
         self.counters = WorkerCounters()
         self.timers = StepTimers()
         self._stop = threading.Event()
@@ -229,6 +226,12 @@ class WorkerClient:
 
     def __repr__(self) -> str:
         return f"WorkerClient({self.worker_id!r} -> {self.address}, {self.counters})"
+
+    @property
+    def batched(self) -> bool:
+        """Runs tasks of different genomes together (worker.batched_runner): it leases and
+        starts up to `slots` of them at once, where a SlotRunner runs one genome at a time."""
+        return self._runner_factory is not None
 
     def stop(self) -> None:
         """Stop leasing, abandon the running episode, hand everything back, exit. Signal-safe."""

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from neuro.decode import MAX_ANCESTOR_DEPTH, DecodeStats
+from neuro.decode import CachedDecoder, DecodeStats
 from neuro.genome import Genome, check_seeds
 from neuro.noise import noise_offset
 
@@ -100,7 +100,7 @@ def _init_scale(init_scale: np.ndarray | torch.Tensor, table: torch.Tensor) -> t
     return scale.to(table.device).contiguous()
 
 
-class TorchDecoder:
+class TorchDecoder(CachedDecoder):
     """Decodes genomes on the noise table's device, with a byte-bounded cache of vectors.
 
     `table`: the host table (numpy, copied to `device` here) or a tensor from device_table()
@@ -154,9 +154,6 @@ class TorchDecoder:
         """Bytes of device memory the cached vectors take."""
         return self._cached_bytes
 
-    def __len__(self) -> int:
-        return len(self._cache)
-
     def __contains__(self, genome: Genome | Sequence[int]) -> bool:
         return tuple(int(s) for s in getattr(genome, "seeds", genome)) in self._cache
 
@@ -190,42 +187,11 @@ class TorchDecoder:
         Identical, bit for bit, to neuro.decode.decode_genome of the same table, init_scale,
         mutation power and seeds.
         """
-        key = _seeds(genome)
-        theta = self._cache.get(key)
-        if theta is not None:
-            self._cache.move_to_end(key)
-            self.stats.hits += 1
-            return theta
-        depth, base = self._nearest_ancestor(key)
-        if base is not None and depth == 1:
-            self.stats.parent_hits += 1
-        elif base is not None:
-            self.stats.ancestor_hits += 1
-        else:
-            self.stats.cold += 1
-        if self.cache_bytes and len(key) > 1 and depth != 1:
-            # The parent will be asked for again by this child's siblings: keep it hot.
-            parent = self._extend(base, key[:-1], len(key) - depth)
-            self._insert(key[:-1], parent, hot=True)
-            base, depth = parent, 1
-        theta = self._extend(base, key, len(key) - depth)
-        self._insert(key, theta, hot=False)
-        return theta
+        return self._decode_key(_seeds(genome))
 
-    def _nearest_ancestor(self, key: tuple[int, ...]) -> tuple[int, torch.Tensor | None]:
-        """(generations back, vector) of the closest cached ancestor within reach."""
-        for depth in range(1, min(len(key), MAX_ANCESTOR_DEPTH + 1)):
-            ancestor = self._cache.get(key[:-depth])
-            if ancestor is not None:
-                self._cache.move_to_end(key[:-depth])
-                return depth, ancestor
-        return 0, None
-
-    def clear(self) -> None:
-        """Drop every cached vector."""
-        self._cache.clear()
-        self._children.clear()
-        self._cached_bytes = 0
+    @property
+    def _keeps_parents(self) -> bool:
+        return bool(self.cache_bytes)
 
     def _drop(self, key: tuple[int, ...]) -> None:
         old = self._cache.pop(key, None)
