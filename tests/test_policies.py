@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import worker.policies as policies_module
 from worker.policies import build_policy
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -185,3 +186,27 @@ def test_unsupported_action_spaces():
         build_policy("mlp", CARTPOLE_OBS, gym.spaces.MultiDiscrete([2, 2]))
     with pytest.raises(ValueError, match="Box"):
         build_policy("deepga", ATARI_OBS, gym.spaces.Box(-1, 1, (2,)))
+
+
+@pytest.mark.parametrize("arch", ["deepga", "nature"])
+def test_packed_convolutions_compute_what_the_plain_network_does(arch):
+    """The inference module's convolutions (pre-packed oneDNN weights with a fused ReLU, where
+    this torch has them) against the plain float32 module: same outputs up to float32
+    rounding, same actions, and each row the same whatever batch it is in."""
+    policy = _atari(arch)
+    policy.load_parameters(_random_params(policy, seed=4) * policy.init_scale() * 20)
+    if policies_module._FUSED_CONV:
+        assert isinstance(policy._inference_module.conv2, policies_module._FusedConv2dReLU)
+    obs = np.random.default_rng(6).integers(0, 256, (8, *ATARI_OBS.shape), dtype=np.uint8)
+    with torch.inference_mode():
+        plain = policy.module(torch.from_numpy(obs))
+        packed = policy._inference_module(torch.from_numpy(obs))
+        conv1 = policy._inference_module.conv1
+        scaled = torch.from_numpy(obs).float().div_(255.0)
+        scaled = scaled.contiguous(memory_format=torch.channels_last)
+        batch = conv1(scaled)
+        rows = torch.cat([conv1(row[None]) for row in scaled])
+    assert torch.allclose(packed, plain, rtol=1e-4, atol=1e-5)
+    assert torch.equal(packed.argmax(1), plain.argmax(1))
+    assert torch.equal(rows, batch)  # packed for batch 1, exact for any batch
+    assert plain.abs().max() > 1e-2 and not torch.equal(plain[0], plain[1])  # not all zeros
