@@ -179,11 +179,11 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
         training.cancel()
         await master.stop(0)
     zero = {"steps": 0, "time": 0.0, "forward_calls": 0, "episodes": 0,
-            **{f"{k}_s": 0.0 for k in ("env", "forward", "decode", "wait")}}  # fmt: skip
+            **{f"{k}_s": 0.0 for k in ("env", "forward", "decode", "wait", "reset")}}  # fmt: skip
     deltas = []
     for stats in read_stats(stats_dir):
         start = before.get(stats["worker_id"], zero)
-        deltas.append({k: stats[k] - start.get(k, 0) for k in zero})
+        deltas.append({k: stats.get(k, 0) - start.get(k, 0) for k in zero})
     records = trainer.records
     per_phase = phase_rates(phases, args.workers)
     parts = breakdown(deltas, wall)
@@ -270,7 +270,9 @@ def breakdown(deltas: list[dict], wall: float) -> dict:
     """Per agent step, all workers together, over the measured generations."""
     steps = sum(d["steps"] for d in deltas) or 1
     wall = wall * len(deltas) or 1.0
-    parts = {k: sum(d[f"{k}_s"] for d in deltas) for k in ("env", "forward", "decode", "wait")}
+    # reset: a task's seeded first reset (0 from a worker older than that timer)
+    parts = {k: sum(d[f"{k}_s"] for d in deltas)
+             for k in ("env", "forward", "decode", "wait", "reset")}  # fmt: skip
     parts["other"] = max(0.0, wall - sum(parts.values()))
     forward_calls = sum(d["forward_calls"] for d in deltas)
     return {

@@ -89,8 +89,9 @@ def test_throughput_benchmark_at_a_tiny_size(tmp_path: Path, noise_cache: Path) 
             hours * result["price"]["usd_per_vcpu_hour"]
         )
     assert run["floor"]["step_floor_ms"] > run["floor"]["emulator_ms_per_step"] > 0
-    parts = {"env", "forward", "decode", "wait", "other"}
+    parts = {"env", "forward", "decode", "wait", "reset", "other"}
     assert set(training["breakdown"]["ms_per_step"]) == parts
+    assert training["breakdown"]["ms_per_step"]["reset"] > 0  # every task starts seeded
     assert {"master", "worker-0"} <= training["memory_mib"].keys()
     assert all(m["pss_mib"] > 0 for m in training["memory_mib"].values())
 
