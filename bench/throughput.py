@@ -1,8 +1,9 @@
 """Atari throughput and core-hours per billion frames, measured as a fleet host runs.
 
 In one run, on the same cores (W = --workers, one pinned process per core):
-  ceiling   the C++ vector env stepping Frostbite with random actions, W processes at once
-            (the gymnasium path measured the same way, for reference);
+  ceiling   the C++ vector env stepping Frostbite with random actions, W processes at once,
+            before the first training run and after each: a run is divided by the mean of
+            the two around it (the gymnasium path measured the same way, for reference);
   training  a real master here and W real worker processes, the paper's network; offspring-
             and elite-phase frames/s timed from the master's fleet, and the paper's mix
             (N=1000 x 1 episode + 10 candidates x 30 episodes) computed from the two;
@@ -437,25 +438,31 @@ def main(argv: list[str] | None = None) -> dict:
     host = bandwidth_and_peak(args.bandwidth_mb, args.matrix, sorted(peak_dtypes))
     price = ASSUMED_PRICE_PER_VCPU_HOUR if args.price is None else args.price
     runs = {}
+    ceilings = [ceiling]
     for dtype in args.inference_dtype:
         forward = forward_costs(args.policy, dtype, support["keyword"], args.loaded_sets,
                                 cache["bytes"], args.forward_repeats)  # fmt: skip
         with tempfile.TemporaryDirectory() as tmp:
             training = asyncio.run(end_to_end(args, dtype, Path(tmp) / "run", Path(tmp)))
+        ceilings.append(
+            emulator("vector", args.env, args.workers, args.emulator_seconds, args.vector_envs)
+        )
+        bracket = bracketing(ceilings[-2], ceilings[-1])
         mix = paper_mix(training["phases"], forward, training["elite_samples_per_forward"])
-        rate = ceiling["frames_per_s_per_core"]
+        rate = bracket["frames_per_s_per_core"]
         ratios = {k: v["frames_per_s_per_core"] / rate for k, v in training["phases"].items()}
         ratios["run"] = training["frames_per_s_per_core"] / rate
         if mix is not None:
             ratios["paper_mix_idle"] = mix["idle_frames_per_s_per_core"] / rate
             ratios["paper_mix_loaded"] = mix["loaded_frames_per_s_per_core"] / rate
         runs[dtype] = {
+            "ceiling": bracket,
             "forward": forward,
             "training": training,
             "paper_mix": mix,
             "ratio_to_ceiling": ratios,
             "core_hours": core_hours(mix, price),
-            "floor": floor(ceiling, host, forward, training),
+            "floor": floor(bracket, host, forward, training),
         }
     result = {
         "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "l3": cache,
@@ -467,6 +474,7 @@ def main(argv: list[str] | None = None) -> dict:
         "reference_core_hours_per_1b_frames": {"seed_000": SEED_000_CORE_HOURS,
                                                "paper": PAPER_CORE_HOURS},
         "ceiling": ceiling,
+        "ceiling_after_each_run": ceilings[1:],
         "gym_reference": gym_path,
         "host": host,
         "runs": runs,
@@ -477,6 +485,22 @@ def main(argv: list[str] | None = None) -> dict:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(text)
     return result
+
+
+def bracketing(before: dict, after: dict) -> dict:
+    """The ceiling a training run is divided by: the mean of the C++ ceiling measured just
+    before and just after it, so a shared host that speeds up or slows down during the run
+    moves both sides of the ratio (`spread` says by how much the two differed)."""
+    rates = [before["frames_per_s_per_core"], after["frames_per_s_per_core"]]
+    steps = [before["ms_per_env_step"], after["ms_per_env_step"]]
+    mean = sum(rates) / 2
+    return {
+        "frames_per_s_per_core_before": rates[0],
+        "frames_per_s_per_core_after": rates[1],
+        "frames_per_s_per_core": mean,
+        "ms_per_env_step": sum(steps) / 2,
+        "spread": abs(rates[1] - rates[0]) / mean if mean else None,
+    }
 
 
 def finite(value: Any) -> Any:
