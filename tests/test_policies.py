@@ -202,11 +202,32 @@ def test_packed_convolutions_compute_what_the_plain_network_does(arch):
         plain = policy.module(torch.from_numpy(obs))
         packed = policy._inference_module(torch.from_numpy(obs))
         conv1 = policy._inference_module.conv1
-        scaled = torch.from_numpy(obs).float().div_(255.0)
-        scaled = scaled.contiguous(memory_format=torch.channels_last)
-        batch = conv1(scaled)
-        rows = torch.cat([conv1(row[None]) for row in scaled])
+        # The inference copy's conv1 takes the observation unscaled (its weights carry 1/255).
+        raw = torch.from_numpy(obs).float().contiguous(memory_format=torch.channels_last)
+        batch = conv1(raw)
+        rows = torch.cat([conv1(row[None]) for row in raw])
     assert torch.allclose(packed, plain, rtol=1e-4, atol=1e-5)
     assert torch.equal(packed.argmax(1), plain.argmax(1))
     assert torch.equal(rows, batch)  # packed for batch 1, exact for any batch
     assert plain.abs().max() > 1e-2 and not torch.equal(plain[0], plain[1])  # not all zeros
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("arch", ["deepga", "nature"])
+def test_the_bound_forward_pass_is_the_modules_bit_for_bit(arch, dtype):
+    """act_batch runs the inference module's pass bound into one function (_bound_forward):
+    the same ops on the same weights, so the same bits, for every load and batch size."""
+    policy = build_policy(arch, ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype)
+    rng = np.random.default_rng(9)
+    for genome in range(2):
+        policy.load_parameters(_random_params(policy, seed=genome) * policy.init_scale() * 20)
+        if policies_module._FUSED_CONV:
+            assert policy._forward is not policy._inference_module
+        for batch in (1, 3):
+            obs = torch.from_numpy(rng.integers(0, 256, (batch, *ATARI_OBS.shape), np.uint8))
+            with torch.inference_mode():
+                bound = policy._forward(obs)
+                module = policy._inference_module(obs)
+            assert bound.dtype == torch.float32
+            assert torch.equal(bound, module.float())
+            assert bound.abs().max() > 1e-2

@@ -8,6 +8,7 @@ linear weights are (out, in), both row-major, as torch stores them.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 import warnings
@@ -58,8 +59,18 @@ def _dtype(layer: nn.Module) -> torch.dtype:
     return weight.dtype if isinstance(weight, torch.Tensor) else torch.float32
 
 
-def _copy_into(target: torch.Tensor, source: torch.Tensor) -> None:
-    target.copy_(source)
+def _copy_into(
+    target: torch.Tensor,
+    source: torch.Tensor,
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> None:
+    """target <- transform(source), rounded once (nearest even) to target's dtype and format."""
+    target.copy_(transform(source) if transform is not None else source)
+
+
+def _scaled_to_unit_input(weight: torch.Tensor) -> torch.Tensor:
+    """conv1's weights for observations in [0, 255]: conv(x / 255, w) = conv(x, w / 255)."""
+    return weight / 255.0
 
 
 class _Int8Linear(nn.Module):
@@ -71,10 +82,15 @@ class _Int8Linear(nn.Module):
     dot products pass through saturating int16 sums, compute the same numbers as AVX-512 ones.
     """
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, relu: bool = False) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
+        self.fused_relu = relu
+        """Whether a call returns ReLU(x W^T + b) (fbgemm applies it to the float output)."""
+        self._kernel = (
+            torch.ops.quantized.linear_relu_dynamic if relu else torch.ops.quantized.linear_dynamic
+        )
         self._packed: Any = None
 
     @property
@@ -98,12 +114,10 @@ class _Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         if len(x) == 1:
-            return torch.ops.quantized.linear_dynamic(x, self._packed, True)
+            return self._kernel(x, self._packed, True)
         # Row by row: the input's quantisation range is the whole call's, so a batched call
         # would make an episode's actions depend on which others shared its batch.
-        return torch.cat(
-            [torch.ops.quantized.linear_dynamic(row, self._packed, True) for row in x.split(1)]
-        )
+        return torch.cat([self._kernel(row, self._packed, True) for row in x.split(1)])
 
 
 def _fused_conv_available() -> bool:
@@ -189,29 +203,92 @@ class _AtariNet(nn.Module):
         self.conv_output_shape = (channels, size, size)
         self.fc = nn.Linear(fc_inputs, ATARI_HIDDEN)
         self.out = nn.Linear(ATARI_HIDDEN, n_actions)
+        self.raw_input = False
+        """True in Policy's inference copy: conv1's weights there carry the input's 1/255, so
+        the observation goes in as it is, converted by a single copy."""
+        self.fc_input_nhwc = False
+        """True where the dense layer's columns are in (height, width, channel) order (its
+        int8 and bfloat16 copies): the channels-last conv output then flattens as a view."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Each layer runs in its weights' dtype (the convolutions share one); a cast happens
         # only where the dtype changes. Channels-last: oneDNN's batch-1 convolutions of this
         # net took 0.30 instead of 0.35 ms in float32 and 0.21 instead of 0.26 ms in bfloat16
         # (one core of the CI-size machine), with channels-last weights (see Policy).
-        x = (x.to(torch.float32) / 255.0).contiguous(memory_format=torch.channels_last)
         conv_dtype = _dtype(self.conv1)
-        if conv_dtype != x.dtype:
-            x = x.to(conv_dtype)
+        if self.raw_input:
+            # Every op of a step runs with caches cold (the emulator and the dense layer's
+            # weights evict them), so each op saved counts: see Policy.
+            x = torch.empty(x.shape, dtype=conv_dtype, memory_format=torch.channels_last).copy_(x)
+        else:
+            x = (x.to(torch.float32) / 255.0).contiguous(memory_format=torch.channels_last)
+            if conv_dtype != x.dtype:
+                x = x.to(conv_dtype)
         for conv, extra in zip((self.conv1, self.conv2, self.conv3), self._extra_pads, strict=True):
             if extra is not None:
                 x = F.pad(x, extra)
             x = conv(x) if getattr(conv, "fused_relu", False) else F.relu(conv(x), inplace=True)
-        x = x.flatten(1)
+        x = x.permute(0, 2, 3, 1).flatten(1) if self.fc_input_nhwc else x.flatten(1)
         for layer in (self.fc, self.out):
             dtype = _dtype(layer)
             if dtype != x.dtype:
                 x = x.to(dtype)
             x = layer(x)
-            if layer is self.fc:
+            if layer is self.fc and not getattr(layer, "fused_relu", False):
                 x = F.relu(x, inplace=True)
         return x
+
+
+def _bound_forward(net: _AtariNet) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """net's forward pass as one function over its current weights, the ops pre-resolved.
+
+    The same ops in the same order as net.forward (tests/test_policies.py holds them bit-equal),
+    without the module machinery between them. A worker's step runs with its caches cold (the
+    emulator and the dense layer's weight stream evict them), where every Python attribute
+    look-up, module call and argument list costs several times what it does warm: on one core
+    of the CI-size machine, stepping Frostbite, an int8 pass took ~0.45 ms this way against
+    ~0.55 ms through the modules. Rebuilt after every load (it binds the packed weights);
+    None where net is not the inference copy with oneDNN's fused convolutions.
+    """
+    convs = (net.conv1, net.conv2, net.conv3)
+    if not net.raw_input or not all(isinstance(conv, _FusedConv2dReLU) for conv in convs):
+        return None
+    conv = torch.ops.mkldnn._convolution_pointwise.default
+    pad = F.pad
+    channels_last = torch.channels_last
+    conv_dtype = _dtype(net.conv1)
+    (a1, a2, a3) = (
+        (c._packed, c.bias, list(c.padding), list(c.stride), list(c.dilation), c.groups,
+         "relu", [None], "")
+        for c in convs
+    )  # fmt: skip
+    (pad1, pad2, pad3) = net._extra_pads
+    fc, out = net.fc, net.out
+    fc_dtype = _dtype(fc)
+    nhwc = net.fc_input_nhwc
+    out_weight, out_bias = out.weight, out.bias
+    linear, relu = F.linear, F.relu
+    int8 = isinstance(fc, _Int8Linear)
+    int8_kernel, int8_packed = (fc._kernel, fc._packed) if int8 else (None, None)
+    fc_weight, fc_bias = (None, None) if int8 else (fc.weight, fc.bias)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        x = torch.empty(x.shape, dtype=conv_dtype, memory_format=channels_last).copy_(x)
+        x = conv(x if pad1 is None else pad(x, pad1), *a1)
+        x = conv(x if pad2 is None else pad(x, pad2), *a2)
+        x = conv(x if pad3 is None else pad(x, pad3), *a3)
+        x = x.permute(0, 2, 3, 1).flatten(1) if nhwc else x.flatten(1)
+        if x.dtype != fc_dtype:
+            x = x.to(fc_dtype)
+        if int8:
+            x = int8_kernel(x, int8_packed, True) if len(x) == 1 else fc.forward(x)
+        else:
+            x = relu(linear(x, fc_weight, fc_bias), inplace=True)
+        if x.dtype != torch.float32:
+            x = x.float()
+        return linear(x, out_weight, out_bias)
+
+    return forward
 
 
 class _MLP(nn.Module):
@@ -282,6 +359,8 @@ class Policy:
         # What load_parameters runs after the copy, to bring the inference copies up to date.
         self._refresh: list[Callable[[], None]] = []
         self._inference_module: nn.Module = self._build_inference_module()
+        self._forward: Callable[[torch.Tensor], torch.Tensor] = self._inference_module
+        """What act_batch runs: the inference module, or its pass bound by _bound_forward."""
         self._refresh_copies()
 
     def _build_inference_module(self) -> nn.Module:
@@ -296,18 +375,37 @@ class Policy:
             return self.module
         module = copy.deepcopy(self.module)
         conv_input_sizes: dict[str, tuple[int, int, int]] = {}
-        if _FUSED_CONV and isinstance(module, _AtariNet):
-            conv_input_sizes = dict(
-                zip(("conv1", "conv2", "conv3"), module.conv_input_sizes, strict=True)
-            )
+        atari = isinstance(module, _AtariNet)
+        if atari:
+            # conv1 takes the observation as it is, its weights scaled by 1/255 instead (one
+            # conversion of the input instead of three), and a reduced-precision dense layer
+            # takes its columns in the channels-last conv output's order (no flatten copy).
+            module.raw_input = True
+            module.fc_input_nhwc = dtype != "float32"
+            if _FUSED_CONV:
+                conv_input_sizes = dict(
+                    zip(("conv1", "conv2", "conv3"), module.conv_input_sizes, strict=True)
+                )
+
+        def dense_weight(name: str, weight: torch.Tensor) -> torch.Tensor:
+            """The weight as the inference copy's layer takes it: (out, in), maybe permuted."""
+            if not (atari and name == "fc" and module.fc_input_nhwc):
+                return weight
+            channels, height, width = module.conv_output_shape
+            columns = weight.view(len(weight), channels, height, width).permute(0, 2, 3, 1)
+            return columns.reshape(len(weight), -1)
+
         for name, source in leaves.items():
             layer: nn.Module
             if name == self._output_layer or (isinstance(source, nn.Linear) and dtype == "float32"):
                 layer = source  # its parameters stay views of the buffer
             elif isinstance(source, nn.Linear) and dtype == "int8":
-                layer = _Int8Linear(source.in_features, source.out_features)
+                # The Atari net's dense layer is followed by a ReLU, which fbgemm applies.
+                layer = _Int8Linear(source.in_features, source.out_features, relu=atari)
                 self._refresh.append(
-                    lambda layer=layer, source=source: layer.pack(source.weight, source.bias)
+                    lambda layer=layer, name=name, source=source: layer.pack(
+                        dense_weight(name, source.weight), source.bias
+                    )
                 )
             else:
                 layer = module.get_submodule(name)
@@ -331,8 +429,12 @@ class Policy:
                         else (torch.contiguous_format),
                     )
                     setattr(layer, attr, nn.Parameter(target, requires_grad=False))
-                    # copy_ rounds to nearest even and keeps the target's memory format.
-                    self._refresh.append(lambda t=target, o=original: _copy_into(t, o))
+                    transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+                    if attr == "weight" and atari and name == "conv1":
+                        transform = _scaled_to_unit_input
+                    elif attr == "weight":
+                        transform = functools.partial(dense_weight, name)
+                    self._refresh.append(functools.partial(_copy_into, target, original, transform))
                 if isinstance(layer, _FusedConv2dReLU):
                     self._refresh.append(layer.pack)  # after its weight's copy
             parent, _, attr = name.rpartition(".")
@@ -353,6 +455,9 @@ class Policy:
         with torch.no_grad():
             for refresh in self._refresh:
                 refresh()
+        module = self._inference_module
+        bound = _bound_forward(module) if isinstance(module, _AtariNet) else None
+        self._forward = bound or module
 
     def _owner(self, name: str) -> tuple[nn.Module, str]:
         path, _, attr = name.rpartition(".")
@@ -410,7 +515,7 @@ class Policy:
             # torch.from_numpy warns on read-only arrays (e.g. replay of a memmap).
             obs = np.array(obs, order="C")
         with torch.inference_mode():
-            out = self._inference_module(torch.from_numpy(obs)).float().numpy()
+            out = self._forward(torch.from_numpy(obs)).float().numpy()
         return actions_from_outputs(out, self.action_space)
 
 
