@@ -71,10 +71,15 @@ class VectorGroup:
         self.fire = actions.index(Action.FIRE) if Action.FIRE in actions else None
         self.observation_space = self.env.single_observation_space
         self.action_space = self.env.single_action_space
+        # Per-step bookkeeping is Python sets and dicts of the few lanes that need it, not
+        # arrays over all sub-envs: a worker's group is mostly one sub-env, and each numpy
+        # call on a step costs several microseconds with the caches cold.
         self._taken = np.zeros(size, dtype=bool)
-        self._fire_pending = np.zeros(size, dtype=bool)
-        self._age = np.full(size, FRAME_STACK, dtype=np.int64)
-        """Stacked frames that belong to the current episode's start (FRAME_STACK: all)."""
+        self._firing: set[int] = set()
+        """Taken sub-envs whose next step presses their reset's FIRE (not an agent step)."""
+        self._young: dict[int, int] = {}
+        """Stacked frames that belong to the current episode's start, for the sub-envs where
+        that is fewer than FRAME_STACK (the others: all of them)."""
         self._autoreset = np.zeros(size, dtype=bool)
         self._actions = np.zeros(size, dtype=np.int64)
         self._paddles = np.ones(size, dtype=np.float32)
@@ -97,7 +102,8 @@ class VectorGroup:
         """Frees a sub-env; it keeps being stepped (with NOOP) but reports to no one."""
         if self._taken[sub.index]:
             self._taken[sub.index] = False
-            self._age[sub.index] = FRAME_STACK  # ages only matter while taken
+            self._firing.discard(sub.index)  # a free sub-env is stepped with NOOP
+            self._young.pop(sub.index, None)  # ages only matter while taken
             self._free.append(sub.index)
 
     def reset(self, index: int, seed: int | None) -> np.ndarray:
@@ -115,50 +121,62 @@ class VectorGroup:
 
     def ready(self, index: int) -> bool:
         """Whether the sub-env wants an agent action (not its reset's FIRE) this step."""
-        return not self._fire_pending[index]
+        return index not in self._firing
 
     def step(self, actions: dict[int, int]) -> StepResult:
         """One step of every sub-env: given actions, FIRE where a reset wants it, else NOOP."""
         batch = self._actions
-        batch[:] = 0
+        batch.fill(0)
         for index, action in actions.items():
             batch[index] = action
-        firing = self._fire_pending & self._taken
-        any_firing = self.fire is not None and bool(firing.any())
-        if any_firing:
-            batch[firing] = self.fire
+        fired = self._firing
+        if fired:
+            self._firing = set()
+            for index in fired:
+                batch[index] = self.fire
         # The vector env's step() is send() + recv(); send() would build the (constant)
         # paddle strengths anew on every call.
         ale = self.env.ale
         ale.send(batch, self._paddles)
         observations, rewards, terminated, truncated, _ = ale.recv()
-        counted = self._taken & ~firing
-        if any_firing:
-            self._fire_pending &= ~firing
-            self._age[firing] = 1  # the frame after FIRE is the gymnasium path's first one
-        if self._age.min() < FRAME_STACK:  # some episode's stack still holds its first frame
-            self._age[counted] = np.minimum(self._age[counted] + 1, FRAME_STACK)
+        counted = self._taken.copy()
+        if fired:
+            counted[list(fired)] = False
+        young = self._young
+        for index in list(young):
+            if counted[index]:
+                age = young[index] + 1
+                if age < FRAME_STACK:
+                    young[index] = age
+                else:
+                    del young[index]
+        for index in fired:
+            young[index] = 1  # the frame after FIRE is the gymnasium path's first one
         ended = terminated | truncated
-        self._autoreset[:] = ended
+        self._autoreset = ended
         self._pending = observations
-        for index in np.flatnonzero(self._taken):
-            if ended[index] and not counted[index]:
-                self._start(index)  # game over on the FIRE step: start again, FIRE again
-            elif not ended[index]:
-                self._pad(index, observations[index])
+        # Only a sub-env that fired or whose stack still holds its first frame needs more:
+        # a restart when the game ended on the FIRE step, else its stack's padding.
+        if fired or young:
+            for index in fired | young.keys():
+                if ended[index] and not counted[index]:
+                    self._start(index)  # game over on the FIRE step: start again, FIRE again
+                elif not ended[index]:
+                    self._pad(index, observations[index])
         return StepResult(observations, rewards, terminated, truncated, counted)
 
     def _start(self, index: int) -> None:
         self._autoreset[index] = False
-        self._fire_pending[index] = self.fire is not None
-        self._age[index] = 1
+        if self.fire is not None:
+            self._firing.add(index)
+        self._young[index] = 1
 
     def _pad(self, index: int, observation: np.ndarray) -> np.ndarray:
         """Repeats the episode's first frame over the emulator's zero (or no-op) padding.
 
         The gymnasium path's frame stack starts as 4 copies of the first observation.
         """
-        age = int(self._age[index])
+        age = self._young.get(index, FRAME_STACK)
         if age < FRAME_STACK:
             observation[: FRAME_STACK - age] = observation[FRAME_STACK - age]
         return observation

@@ -245,7 +245,9 @@ class Rollout:
         finished = []
         for key, lane in members:
             index = lane.handle.env.index
-            lane.observation = result.observations[index].copy()
+            # A view: the vector env returns new arrays on every step, and a lane's observation
+            # is read (by the forward pass) before the group's next step replaces it.
+            lane.observation = result.observations[index]
             if not result.counted[index]:
                 continue
             over = bool(result.terminated[index] or result.truncated[index])
