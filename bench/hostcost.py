@@ -300,6 +300,15 @@ def forward_costs(architecture: str, dtype: str, keyword: str | None, sets: int,
     return in_child(_forward_costs, architecture, dtype, keyword, sets, l3_bytes, repeats)
 
 
+def _module_pass(module: Any, obs: Any) -> Any:
+    """One forward pass through the module's layers, so that their hooks run (a worker's
+    act_batch may run the same ops bound into one function, past the modules)."""
+    import torch
+
+    with torch.inference_mode():
+        return module(torch.from_numpy(obs))
+
+
 def _layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
     """Per-layer ms of one batch-1 forward, timed by hooks on the module's named layers."""
     module = _inference_module(policy)
@@ -322,11 +331,11 @@ def _layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
         handles.append(layer.register_forward_hook(after(name)))
     try:
         for _ in range(5):
-            policy.act_batch(obs)
+            _module_pass(module, obs)
         for name in totals:
             totals[name] = 0.0
         for _ in range(repeats):
-            policy.act_batch(obs)
+            _module_pass(module, obs)
     finally:
         for handle in handles:
             handle.remove()
@@ -336,7 +345,6 @@ def _layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
 def _flops(policy: Any, obs: Any) -> dict[str, int]:
     """Multiply-adds x 2 of one batch-1 forward pass, from the layers' output shapes, by the
     dtype each layer computes in (an int8 dense layer has in_features but no float weight)."""
-    import torch
     from torch import nn
 
     flops: dict[str, int] = {}
@@ -355,8 +363,7 @@ def _flops(policy: Any, obs: Any) -> dict[str, int]:
     handles = [m.register_forward_hook(count) for m in module.modules()
                if isinstance(m, nn.Conv2d | nn.Linear) or hasattr(m, "in_features")]  # fmt: skip
     try:
-        with torch.inference_mode():
-            policy.act_batch(obs)
+        _module_pass(module, obs)
     finally:
         for handle in handles:
             handle.remove()

@@ -61,6 +61,9 @@ def test_throughput_benchmark_at_a_tiny_size(tmp_path: Path, noise_cache: Path) 
     forward = run["forward"]
     assert forward["params"] == 4_052_658 and forward["bytes_per_forward"] >= 4 * 4_052_658
     assert set(forward["layer_ms"]) == {"conv1", "conv2", "conv3", "fc", "out"}
+    # Timed by hooks on the layers: a pass that went around the modules would leave zeros.
+    assert all(ms > 0 for ms in forward["layer_ms"].values())
+    assert forward["flops_per_forward"] > 2 * 4_000_000
     l3 = result["machine"]["l3"]["bytes"]
     assert l3 is None or forward["loaded_bytes_cycled"] >= 4 * l3
     training = run["training"]
