@@ -30,7 +30,6 @@ from neuro.v1 import evolution_pb2_grpc as pb_grpc
 from neuro.wire import open_channel
 from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator
 from worker.limits import MAX_PARAMS, check_spec
-from worker.paired import PAIRED_DTYPES
 from worker.slots import SlotRunner, StepTimers
 
 log = logging.getLogger(__name__)
@@ -86,12 +85,6 @@ def _genome_key(task: pb.Task) -> tuple:
         if len(_GENOME_KEYS) > _GENOME_KEYS_KEPT:
             _GENOME_KEYS.popitem(last=False)
     return key
-
-
-def _genomes_at_once(task: pb.Task) -> int:
-    """How many different genomes a slot worker plays at once beside this task's: two where
-    their passes pair (worker.paired), else one."""
-    return 2 if task.policy.inference_dtype in PAIRED_DTYPES else 1
 
 
 def spec_from_task(task: pb.Task) -> EvaluationSpec:
@@ -294,8 +287,7 @@ class WorkerClient:
                     self._finish(finished)
 
     def _take_startable(self, free: int) -> list[pb.Task]:
-        """Tasks to start now: with slots busy, only more episodes of a running genome, or
-        (int8) a second genome, whose convolutions run grouped with the first's.
+        """Tasks to start now: with slots busy, only more episodes of a running genome.
 
         Episodes of one genome share a batched forward pass; episodes of different genomes
         would each stream their own weights and slow every step (measured: 1.2 -> 1.6 ms per
@@ -313,7 +305,7 @@ class WorkerClient:
             if len(starting) == free:
                 break
             key = _genome_key(task)
-            if key not in running and len(running) < _genomes_at_once(task):
+            if not running:
                 running.add(key)
             if key in running:
                 shared.inbox.remove(task)
@@ -468,10 +460,7 @@ class WorkerClient:
         # re-evaluation); hoarding tasks of many genomes would run them one after another and
         # leave other workers idle at the end of the phase.
         re_evaluation = len(held) > 1 and len({_genome_key(t) for t in held}) == 1
-        if re_evaluation or self.batched:
-            width = self.slots
-        else:  # one genome, or two paired ones (worker.paired)
-            width = min(self.slots, max((_genomes_at_once(t) for t in held), default=1))
+        width = self.slots if re_evaluation or self.batched else 1
         return width + self.prefetch - len(held)
 
     def _settle_current(self) -> None:

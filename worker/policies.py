@@ -13,7 +13,6 @@ import itertools
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -240,18 +239,7 @@ class _AtariNet(nn.Module):
         return x
 
 
-@dataclass(frozen=True)
-class BoundPass:
-    """An Atari inference net's pass as functions over its current weights (_bound_forward)."""
-
-    forward: Callable[[torch.Tensor], torch.Tensor]
-    """Observations (batch, 4, 84, 84), any dtype -> float32 logits."""
-    dense: Callable[[torch.Tensor], torch.Tensor]
-    """The last conv layer's output flattened in the dense layer's column order (channels
-    last where `fc_input_nhwc`), in the dense layer's input dtype -> float32 logits."""
-
-
-def _bound_forward(net: _AtariNet) -> BoundPass | None:
+def _bound_forward(net: _AtariNet) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """net's forward pass as one function over its current weights, the ops pre-resolved.
 
     The same ops in the same order as net.forward (tests/test_policies.py holds them bit-equal),
@@ -284,7 +272,14 @@ def _bound_forward(net: _AtariNet) -> BoundPass | None:
     int8_kernel, int8_packed = (fc._kernel, fc._packed) if int8 else (None, None)
     fc_weight, fc_bias = (None, None) if int8 else (fc.weight, fc.bias)
 
-    def dense(x: torch.Tensor) -> torch.Tensor:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        x = torch.empty(x.shape, dtype=conv_dtype, memory_format=channels_last).copy_(x)
+        x = conv(x if pad1 is None else pad(x, pad1), *a1)
+        x = conv(x if pad2 is None else pad(x, pad2), *a2)
+        x = conv(x if pad3 is None else pad(x, pad3), *a3)
+        x = x.permute(0, 2, 3, 1).flatten(1) if nhwc else x.flatten(1)
+        if x.dtype != fc_dtype:
+            x = x.to(fc_dtype)
         if int8:
             x = int8_kernel(x, int8_packed, True) if len(x) == 1 else fc.forward(x)
         else:
@@ -293,15 +288,7 @@ def _bound_forward(net: _AtariNet) -> BoundPass | None:
             x = x.float()
         return linear(x, out_weight, out_bias)
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        x = torch.empty(x.shape, dtype=conv_dtype, memory_format=channels_last).copy_(x)
-        x = conv(x if pad1 is None else pad(x, pad1), *a1)
-        x = conv(x if pad2 is None else pad(x, pad2), *a2)
-        x = conv(x if pad3 is None else pad(x, pad3), *a3)
-        x = x.permute(0, 2, 3, 1).flatten(1) if nhwc else x.flatten(1)
-        return dense(x if x.dtype == fc_dtype else x.to(fc_dtype))
-
-    return BoundPass(forward, dense)
+    return forward
 
 
 class _MLP(nn.Module):
@@ -374,12 +361,6 @@ class Policy:
         self._inference_module: nn.Module = self._build_inference_module()
         self._forward: Callable[[torch.Tensor], torch.Tensor] = self._inference_module
         """What act_batch runs: the inference module, or its pass bound by _bound_forward."""
-        self.bound: BoundPass | None = None
-        """The Atari net's pass bound over the current weights (None: no fused convolutions
-        here, or not an Atari net); rebuilt on every load."""
-        self.batch_group: Any = None
-        """Set by a runner whose rollout steps this policy with others in one call (see
-        worker.rollout.Actor), e.g. worker.paired.PairedForward."""
         self._refresh_copies()
 
     def _build_inference_module(self) -> nn.Module:
@@ -475,8 +456,8 @@ class Policy:
             for refresh in self._refresh:
                 refresh()
         module = self._inference_module
-        self.bound = _bound_forward(module) if isinstance(module, _AtariNet) else None
-        self._forward = self.bound.forward if self.bound is not None else module
+        bound = _bound_forward(module) if isinstance(module, _AtariNet) else None
+        self._forward = bound or module
 
     def _owner(self, name: str) -> tuple[nn.Module, str]:
         path, _, attr = name.rpartition(".")

@@ -24,9 +24,8 @@ from neuro.observation_stats import ObservationStats
 class Actor(Protocol):
     """Anything that maps a batch of observations (leading axis) to one action per row.
 
-    An actor whose `batch_group` attribute is set (not None) is stepped with the other actors
-    of that group in one `batch_group.act_rows(actors, observations)` call, row i acting as
-    actors[i].
+    An actor with a `batch_group` attribute is stepped with the other actors of that group in
+    one `batch_group.act_rows(actors, observations)` call, row i acting as actors[i].
     """
 
     def act_batch(self, observations: np.ndarray) -> np.ndarray | Sequence[Any]: ...
@@ -178,7 +177,7 @@ class Rollout:
             if getattr(lane.handle.env, "ready", True):
                 # Actors of one batch group (different individuals held together, as by
                 # worker.batched_runner) share one forward pass too.
-                batch_key = getattr(lane.actor, "batch_group", None) or lane.actor
+                batch_key = getattr(lane.actor, "batch_group", lane.actor)
                 by_actor[id(batch_key)].append((key, lane))
         started = time.perf_counter()
         for members in by_actor.values():

@@ -3,7 +3,7 @@
 Episodes of the same genome (an elite re-evaluated over many episodes) share one loaded
 policy, so the rollout gives them a single batched forward pass, which costs about half as
 much per sample as batch-1 passes; episodes of different genomes each get their own network,
-loaded once per task, and two int8 ones share their convolutions (worker.paired).
+loaded once per task.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 from neuro.envs.make import EnvHandle
 from worker.envs import EnvPool
 from worker.evaluator import Evaluation, EvaluationSpec, Evaluator
-from worker.paired import PairedForward, pairable
 from worker.policies import Policy, build_policy
 from worker.rollout import Rollout, StepTimers
 
@@ -136,8 +135,6 @@ class SlotRunner(TaskRunner):
         super().__init__(evaluator, capacity, timers, EnvPool(evaluator.atari_engine, 1))
         self._loaded: dict[tuple, _LoadedPolicy] = {}
         self._spare_policies: dict[tuple, list[Policy]] = defaultdict(list)
-        self._paired = PairedForward()
-        """The batch group of the pairable policies: two genomes' convolutions in one pass."""
 
     def __repr__(self) -> str:
         return f"SlotRunner(busy={len(self._tasks)}/{self.capacity}, genomes={len(self._loaded)})"
@@ -178,7 +175,6 @@ class SlotRunner(TaskRunner):
         started = time.perf_counter()
         self.evaluator.load(spec, policy)
         self.timers.decode_s += time.perf_counter() - started
-        policy.batch_group = self._paired if pairable(policy) else None
         self._loaded[key] = _LoadedPolicy(policy, 1)
         return policy
 
