@@ -68,6 +68,18 @@ def _copy_into(
     target.copy_(transform(source) if transform is not None else source)
 
 
+def _unchanged(weight: torch.Tensor) -> torch.Tensor:
+    return weight
+
+
+def _nhwc_columns(weight: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
+    """A dense weight over a (channels, height, width) input with its columns re-ordered to
+    (height, width, channels): the order of a channels-last conv output, flattened."""
+    channels, height, width = shape
+    columns = weight.view(len(weight), channels, height, width).permute(0, 2, 3, 1)
+    return columns.reshape(len(weight), -1)
+
+
 def _scaled_to_unit_input(weight: torch.Tensor) -> torch.Tensor:
     """conv1's weights for observations in [0, 255]: conv(x / 255, w) = conv(x, w / 255)."""
     return weight / 255.0
@@ -386,14 +398,12 @@ class Policy:
                 conv_input_sizes = dict(
                     zip(("conv1", "conv2", "conv3"), module.conv_input_sizes, strict=True)
                 )
-
-        def dense_weight(name: str, weight: torch.Tensor) -> torch.Tensor:
-            """The weight as the inference copy's layer takes it: (out, in), maybe permuted."""
-            if not (atari and name == "fc" and module.fc_input_nhwc):
-                return weight
-            channels, height, width = module.conv_output_shape
-            columns = weight.view(len(weight), channels, height, width).permute(0, 2, 3, 1)
-            return columns.reshape(len(weight), -1)
+        # The one weight whose copy is re-ordered: the dense layer's, into channels-last order.
+        nhwc_fc = (
+            functools.partial(_nhwc_columns, shape=module.conv_output_shape)
+            if atari and module.fc_input_nhwc
+            else None
+        )
 
         for name, source in leaves.items():
             layer: nn.Module
@@ -402,9 +412,10 @@ class Policy:
             elif isinstance(source, nn.Linear) and dtype == "int8":
                 # The Atari net's dense layer is followed by a ReLU, which fbgemm applies.
                 layer = _Int8Linear(source.in_features, source.out_features, relu=atari)
+                weight_of = nhwc_fc if name == "fc" and nhwc_fc is not None else _unchanged
                 self._refresh.append(
-                    lambda layer=layer, name=name, source=source: layer.pack(
-                        dense_weight(name, source.weight), source.bias
+                    lambda layer=layer, source=source, weight_of=weight_of: layer.pack(
+                        weight_of(source.weight), source.bias
                     )
                 )
             else:
@@ -432,8 +443,8 @@ class Policy:
                     transform: Callable[[torch.Tensor], torch.Tensor] | None = None
                     if attr == "weight" and atari and name == "conv1":
                         transform = _scaled_to_unit_input
-                    elif attr == "weight":
-                        transform = functools.partial(dense_weight, name)
+                    elif attr == "weight" and name == "fc":
+                        transform = nhwc_fc
                     self._refresh.append(functools.partial(_copy_into, target, original, transform))
                 if isinstance(layer, _FusedConv2dReLU):
                     self._refresh.append(layer.pack)  # after its weight's copy
