@@ -138,7 +138,10 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
     fleet.evaluate = timed_evaluate
     training = asyncio.ensure_future(trainer.run())
     workers = []
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    # This checkout first, then whatever the caller's PYTHONPATH holds (packages installed
+    # outside the interpreter's site-packages, e.g. with pip --target).
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
     if args.batched_envs:
         # One batched worker for the whole host (the GPU worker's shape), not pinned: its
         # vector env's threads step the emulators on every core.
@@ -150,6 +153,9 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
     for index in range(0 if args.batched_envs else args.workers):
         command = [sys.executable, "-m", "worker", "--master", f"127.0.0.1:{master.port}",
                    "--slots", str(args.slots), "--worker-id", f"bench-{index}",
+                   # Pinned per-core workers: on a GPU host, the default device (auto) would
+                   # make each one a batched CUDA worker instead.
+                   "--device", "cpu",
                    "--stats-file", str(stats_dir / f"worker-{index}.json"),
                    *args.worker_arg]  # fmt: skip
         workers.append(subprocess.Popen(command, env=env, cwd=REPO,
@@ -160,13 +166,23 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
         while fleet.counters().leased == 0 and time.monotonic() < deadline:
             if training.done():
                 training.result()  # raises what stopped the master
+            if all(w.poll() is not None for w in workers):
+                codes = [w.returncode for w in workers]
+                raise SystemExit(f"every worker exited before its first lease (exit codes {codes})")
             await asyncio.sleep(0.01)
         first_lease.append(time.monotonic())
         t0, cpu0 = time.monotonic(), time.process_time()
         before = {s["worker_id"]: s for s in read_stats(stats_dir)}
         if gpu is not None:
             gpu.start()
-        await asyncio.wait_for(training, max(1.0, deadline - time.monotonic()))
+        while not training.done():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"training did not finish within --timeout {args.timeout} s")
+            if all(w.poll() is not None for w in workers):
+                codes = [w.returncode for w in workers]
+                raise SystemExit(f"every worker exited during training (exit codes {codes})")
+            await asyncio.sleep(0.05)
+        training.result()
         wall, master_cpu = time.monotonic() - t0, time.process_time() - cpu0
         gpu_utilisation = gpu.stop() if gpu is not None else None
         memory_mib = {"master": memory(os.getpid())}
@@ -181,6 +197,8 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
         await master.stop(0)
     zero = {"steps": 0, "time": 0.0, "forward_calls": 0, "episodes": 0,
             **{f"{k}_s": 0.0 for k in ("env", "forward", "decode", "wait", "reset")}}  # fmt: skip
+    if trainer.frames == 0:
+        raise SystemExit("training played no frame: every task failed (see the workers' log)")
     deltas = []
     for stats in read_stats(stats_dir):
         start = before.get(stats["worker_id"], zero)

@@ -413,6 +413,20 @@ def test_the_worker_takes_only_what_it_asked_for_and_paces_empty_leases() -> Non
         assert client._lease(empty) == expected  # type: ignore[arg-type]
 
 
+def test_a_batched_worker_of_more_env_slots_than_one_lease_allows_asks_within_the_bound() -> None:
+    # A GPU worker's --envs may exceed what one Lease may ask for; the master refuses a
+    # request over the bound (INVALID_ARGUMENT), which would stop the worker before its first task.
+    from neuro.wire import MAX_TASKS_PER_LEASE
+    from worker.client import WorkerClient
+
+    slots = MAX_TASKS_PER_LEASE + 44
+    client = WorkerClient("127.0.0.1:1", "w", None, slots=slots,  # type: ignore[arg-type]
+                          runner_factory=lambda *a: None)  # fmt: skip
+    stub = _LeaseStub(pb.LeaseResponse())
+    client._lease(stub)  # type: ignore[arg-type]
+    assert stub.requests[0].max_tasks == MAX_TASKS_PER_LEASE
+
+
 def test_the_worker_bounds_what_it_sends_about_failures(monkeypatch: pytest.MonkeyPatch) -> None:
     from worker import client as worker_client
     from worker.evaluator import EnvBuildError

@@ -27,7 +27,7 @@ import numpy as np
 from neuro.noise import NoiseTableSpec
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
-from neuro.wire import open_channel
+from neuro.wire import MAX_TASKS_PER_LEASE, open_channel
 from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator
 from worker.limits import MAX_PARAMS, check_spec
 from worker.slots import SlotRunner, StepTimers
@@ -461,7 +461,7 @@ class WorkerClient:
         # leave other workers idle at the end of the phase.
         re_evaluation = len(held) > 1 and len({_genome_key(t) for t in held}) == 1
         width = self.slots if re_evaluation or self.batched else 1
-        return width + self.prefetch - len(held)
+        return min(width + self.prefetch - len(held), MAX_TASKS_PER_LEASE)
 
     def _settle_current(self) -> None:
         """On stop, let the main thread abandon (or finish) its episode before handing back."""

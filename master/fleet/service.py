@@ -19,14 +19,13 @@ from master.fleet.scheduler import Fleet, TaskOutcome, WorkerStats
 from neuro.observation_stats import ObservationStats
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
-from neuro.wire import MAX_MESSAGE_BYTES, worker_id_problem
+from neuro.wire import MAX_MESSAGE_BYTES, MAX_TASKS_PER_LEASE, worker_id_problem
 
 if TYPE_CHECKING:
     # Annotations only: the snapshot is the loop's type, above the fleet; this edge only
     # reads its fields into protobuf.
     from master.observe.events import RunSnapshot
 
-MAX_TASKS_PER_LEASE = 256
 MAX_ID_LENGTH = 256
 MAX_TASK_IDS_PER_CALL = 4096
 """Task ids one Heartbeat or Release may name, and results one Report may carry: far more than
