@@ -378,6 +378,18 @@ def _resumed_config(
     return config
 
 
+def local_worker_args(worker_arg: list[str], count: int, inference_dtype: str) -> tuple[str, ...]:
+    """What each of `count` local workers is started with, after --master and --worker-id.
+
+    On a CUDA host a worker's default device (auto) makes it the batched worker: one process
+    for the whole host, float32 only. Several local workers are one per core, and a run in
+    another dtype cannot use the batched worker: both stay on the per-genome CPU path, unless
+    --worker-arg names a device (later arguments win).
+    """
+    cpu = count > 1 or inference_dtype != "float32"
+    return (*(("--device", "cpu") if cpu else ()), *worker_arg, "--give-up-after", "30")
+
+
 def _serve(
     args: argparse.Namespace,
     config: RunConfig,
@@ -393,7 +405,7 @@ def _serve(
     serve = start.ServeOptions(args.host, args.port, token, tls)
     options = start.RunOptions(
         local_workers=args.local_workers,
-        worker_args=(*args.worker_arg, "--give-up-after", "30"),
+        worker_args=local_worker_args(args.worker_arg, args.local_workers, config.inference_dtype),
         out=None if args.quiet else sys.stdout,
         checkpoint_seconds=args.checkpoint_seconds,
         mirror=mirror,

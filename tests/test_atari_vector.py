@@ -87,6 +87,35 @@ def test_lanes_of_one_group_do_not_disturb_each_other():
     assert done["main"] == alone
 
 
+@pytest.mark.slow  # seconds of emulation
+def test_seeded_resets_deferred_to_one_call_play_the_same_episodes():
+    """With several emulator threads, tasks' seeded resets wait for the next step and run in
+    one call; every lane still plays what it plays alone on a group that resets at once."""
+    # lane: (task seed, its action script's rng seed, episodes, script length)
+    plans = {"a": (7, 0, 2, 300), "b": (5, 1, 1, 200), "c": (6, 2, 2, 150)}
+    alone = {}
+    for key, (seed, script, episodes, steps) in plans.items():
+        actions = np.random.default_rng(script).integers(0, 18, steps)
+        immediate = VectorGroup("frostbite", 1)
+        assert not immediate._defer_seeded
+        alone[key] = play_scripted(vector_handle(immediate), seed, actions, episodes)
+    group = VectorGroup("frostbite", 3, threads=2)
+    assert group._defer_seeded
+    calls = []
+    reset = group.env.reset
+    group.env.reset = lambda *a, **k: calls.append(k["seed"].tolist()) or reset(*a, **k)
+    rollout, actors = Rollout(), {}
+    for key, (seed, script, episodes, steps) in plans.items():
+        actors[key] = Scripted(np.random.default_rng(script).integers(0, 18, steps))
+        rollout.add(key, vector_handle(group), actors[key], episodes, STEPS, seed=seed)
+    done = rollout.run()
+    assert calls[0] == [7, 5, 6]  # the three tasks' seeded resets: one call
+    for key, (episodes, observations) in alone.items():
+        assert done[key] == episodes
+        pairs = zip(actors[key].observations, observations, strict=True)
+        assert all(np.array_equal(a, b) for a, b in pairs)
+
+
 def spec(env_seed: int, episodes: int = 2) -> EvaluationSpec:
     table = NoiseTableSpec(seed=123, size=2**23)
     return EvaluationSpec(env_id="Frostbite-v4", seeds=(17, 4), mutation_power=0.002,

@@ -108,3 +108,22 @@ def test_the_command_line_chooses_a_novelty_search_and_its_settings(tmp_path, ca
     for flag in ("--novelty-k", "--archive-probability", "--archive-capacity", "--meta-population"):
         assert flag in shown
     assert "reservoir sampling" in shown  # help comes from the field docstrings
+
+
+@pytest.mark.parametrize(
+    ("count", "dtype", "worker_arg", "device"),
+    [
+        (1, "float32", [], "auto"),  # one local worker may be a CUDA host's batched worker
+        (1, "int8", [], "cpu"),  # which runs float32 only: every int8 task would fail there
+        (15, "float32", [], "cpu"),  # several are one per core, not 15 batched CUDA workers
+        (1, "bfloat16", ["--device", "auto"], "auto"),  # the user's own choice wins
+    ],
+)
+def test_local_workers_stay_on_the_cpu_path_unless_one_float32_worker_can_batch(
+    count, dtype, worker_arg, device
+):
+    from master.cli import local_worker_args
+    from worker.cli import worker_parser
+
+    argv = ["--master", "127.0.0.1:1", *local_worker_args(worker_arg, count, dtype)]
+    assert worker_parser().parse_args(argv).device == device

@@ -85,6 +85,12 @@ class VectorGroup:
         self._paddles = np.ones(size, dtype=np.float32)
         self._pending: np.ndarray | None = None  # the last step's observations
         self._free = list(range(size - 1, -1, -1))
+        # With several emulator threads, seeded resets (each reloads the ROM, ~0.1 s) wait for
+        # the group's next step and run there in one call, shared by the threads, instead of
+        # one after another in the caller's thread as each task starts.
+        self._defer_seeded = threads > 1 and self.fire is not None
+        self._seeding: dict[int, int] = {}
+        """Sub-envs whose seeded reset waits for the next step, and their seeds."""
         self.env.reset(seed=0)  # partial resets need one full reset first
 
     def __repr__(self) -> str:
@@ -103,11 +109,21 @@ class VectorGroup:
         if self._taken[sub.index]:
             self._taken[sub.index] = False
             self._firing.discard(sub.index)  # a free sub-env is stepped with NOOP
+            self._seeding.pop(sub.index, None)
             self._young.pop(sub.index, None)  # ages only matter while taken
             self._free.append(sub.index)
 
     def reset(self, index: int, seed: int | None) -> np.ndarray:
-        """Starts an episode in one sub-env: seeded, or continuing its RNG (seed None)."""
+        """Starts an episode in one sub-env: seeded, or continuing its RNG (seed None).
+
+        A deferred seeded reset (several threads, a game with FIRE) happens at the next step,
+        before its FIRE; it returns a blank observation, which no agent acts on: the episode's
+        first observation is the one after FIRE, as on every path.
+        """
+        if seed is not None and self._defer_seeded:
+            self._seeding[index] = seed % SEED_MODULUS
+            self._start(index)
+            return np.zeros(self.observation_space.shape, dtype=self.observation_space.dtype)
         if seed is None and self._autoreset[index]:
             observation = self._pending[index].copy()  # the game-over step already reset it
         else:
@@ -125,6 +141,8 @@ class VectorGroup:
 
     def step(self, actions: dict[int, int]) -> StepResult:
         """One step of every sub-env: given actions, FIRE where a reset wants it, else NOOP."""
+        if self._seeding:
+            self._reset_queued()
         batch = self._actions
         batch.fill(0)
         for index, action in actions.items():
@@ -164,6 +182,16 @@ class VectorGroup:
                 elif not ended[index]:
                     self._pad(index, observations[index])
         return StepResult(observations, rewards, terminated, truncated, counted)
+
+    def _reset_queued(self) -> None:
+        """Every deferred seeded reset, in one call (the vector env's threads share them)."""
+        indices = sorted(self._seeding)
+        mask = np.zeros(self.size, dtype=bool)
+        mask[indices] = True
+        # One seed per reset sub-env, in index order, as the vector env reads them.
+        seeds = np.array([self._seeding[index] for index in indices], dtype=np.int64)
+        self._seeding = {}
+        self.env.reset(seed=seeds, options={"reset_mask": mask})
 
     def _start(self, index: int) -> None:
         self._autoreset[index] = False

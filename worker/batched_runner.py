@@ -108,7 +108,7 @@ class BatchedSlotRunner(TaskRunner):
         if spec.inference_dtype != "float32":
             raise ValueError(
                 f"the batched worker (--envs, or a GPU) runs float32 only; this task asks for "
-                f"{spec.inference_dtype!r}"
+                f"{spec.inference_dtype!r}: run this worker with --device cpu and no --envs"
             )
         handle = self._take_env(task_id, spec)
         try:
