@@ -179,3 +179,30 @@ def test_sigterm_hands_back_every_task_in_flight(tmp_path: Path, noise_cache: Pa
     (record,) = outcome["records"]
     assert record.generation_evaluations == 8 + 6 * 300
     assert record.leases_reissued == 0 and record.failed_evaluations == 0
+
+
+async def _batched_worker_joins_an_int8_run(tmp_path: Path) -> dict:
+    config = long_elite_tasks(inference_dtype="int8", population_size=8)
+    async with live_master(config, tmp_path / "run") as live:
+        fleet = live.trainer.fleet
+        worker = spawn_worker(live.port, "batched", "--device", "cpu", "--envs", "4",
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            _, stderr = await asyncio.to_thread(worker.communicate, timeout=60)
+            counters = fleet.counters()
+            table = fleet._table
+            attempts = [r.attempts for r in table._records.values()] if table else []
+            return {"exit": worker.returncode, "stderr": stderr, "counters": counters,
+                    "attempts": attempts}  # fmt: skip
+        finally:
+            stop_processes([worker])
+
+
+def test_a_batched_worker_hands_back_a_run_it_cannot_play_and_stops(tmp_path: Path) -> None:
+    # Failing each task instead would spend the tasks' attempts (NaN after max_task_attempts)
+    # on a worker that can run none of them.
+    outcome = asyncio.run(_batched_worker_joins_an_int8_run(tmp_path))
+    assert outcome["exit"] == 2
+    assert "float32 only" in outcome["stderr"] and "'int8'" in outcome["stderr"]
+    assert outcome["counters"].leased == 0 and outcome["counters"].pending == 8
+    assert outcome["attempts"] and not any(outcome["attempts"])

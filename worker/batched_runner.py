@@ -23,7 +23,7 @@ import torch
 from neuro.envs.make import EnvHandle
 from neuro.observation_stats import normalise
 from worker.batched import BatchedPolicies
-from worker.envs import EnvPool
+from worker.envs import EnvPool, NotRunnableHere
 from worker.evaluator import EvaluationSpec, Evaluator
 from worker.policies import Policy, build_policy
 from worker.rollout import StepTimers
@@ -106,7 +106,7 @@ class BatchedSlotRunner(TaskRunner):
         """Takes a task into a free slot; EnvBuildError if its env cannot be built here,
         ValueError if its parameters cannot be loaded (the caller reports either)."""
         if spec.inference_dtype != "float32":
-            raise ValueError(
+            raise NotRunnableHere(
                 f"the batched worker (--envs, or a GPU) runs float32 only; this task asks for "
                 f"{spec.inference_dtype!r}: run this worker with --device cpu and no --envs"
             )

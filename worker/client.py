@@ -28,7 +28,7 @@ from neuro.noise import NoiseTableSpec
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
 from neuro.wire import MAX_TASKS_PER_LEASE, open_channel
-from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator
+from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator, NotRunnableHere
 from worker.limits import MAX_PARAMS, check_spec
 from worker.slots import SlotRunner, StepTimers
 
@@ -316,6 +316,9 @@ class WorkerClient:
     def _start(self, runner: Any, task: pb.Task) -> None:
         try:
             runner.start(task.task_id, task, spec_from_task(task))
+        except NotRunnableHere as error:
+            # No task of this run can run here: it stays held, and is handed back on the way out.
+            self._fail(str(error))
         except Exception as error:  # a task that cannot start is reported; the master decides
             if isinstance(error, EnvBuildError):
                 self._note_unsupported(task.env.env_id)

@@ -17,6 +17,12 @@ class EnvBuildError(Exception):
     """The env could not be built on this worker (missing ROM, unknown id, ...)."""
 
 
+class NotRunnableHere(ValueError):
+    """This worker, as started, can run no task of this kind (its settings, not the task, are
+    why): it hands its tasks back and stops, instead of failing each task it leases (a task
+    failed too often is recorded as NaN, although another worker could have run it)."""
+
+
 def build_env(env_id: str, dynamics: str = PAPER) -> EnvHandle:
     """make_env, with any failure to build raised as EnvBuildError naming the id."""
     try:

@@ -18,6 +18,7 @@ from neuro.observation_stats import ObservationStats
 from neuro.shared_store import SharedVectorStore
 from worker.envs import GYM, EnvPool
 from worker.envs import EnvBuildError as EnvBuildError  # the client and tests import it here
+from worker.envs import NotRunnableHere as NotRunnableHere
 from worker.policies import Policy, build_policy
 from worker.rollout import EpisodeResult, play
 
