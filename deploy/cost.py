@@ -41,6 +41,8 @@ class Throughput:
     measured: str
     machine: str
     command: str
+    elsewhere: tuple[Throughput, ...] = ()
+    """The same network and dtype measured on other hosts: how far the figure can move."""
 
     @property
     def frames_per_vcpu_hour(self) -> float:
@@ -67,6 +69,10 @@ def throughput(key: str | None = None) -> Throughput:
             f"measured: {', '.join(sorted(figures))}"
         )
     entry = figures[key]
+    return _figure(key, entry, tuple(_figure(key, other) for other in entry.get("elsewhere", ())))
+
+
+def _figure(key: str, entry: dict[str, Any], elsewhere: tuple[Throughput, ...] = ()) -> Throughput:
     return Throughput(
         key=key,
         frames_per_s_per_vcpu=float(entry["frames_per_s_per_vcpu"]),
@@ -74,6 +80,7 @@ def throughput(key: str | None = None) -> Throughput:
         measured=entry["measured"],
         machine=entry["machine"],
         command=entry["command"],
+        elsewhere=elsewhere,
     )
 
 

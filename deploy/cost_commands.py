@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -124,7 +125,7 @@ def cmd_estimate(
             json.dumps(
                 {
                     "settings": settings,
-                    "throughput": rate.__dict__,
+                    "throughput": dataclasses.asdict(rate),
                     "worker_price": worker_price.__dict__,
                     "master_price": master_price and master_price.__dict__,
                     "master_unpriced": unpriced,
@@ -145,6 +146,14 @@ def cmd_estimate(
         f"compute: {result.vcpu_hours:,.2f} vCPU-hours of workers "
         f"({rate.core_hours_per_1b_frames:g} per 1B frames)"
     )
+    for other in rate.elsewhere:
+        # The same run at another host's measured rate: per-vCPU speed is the host's.
+        hours = other.vcpu_hours(frames)
+        out(
+            f"  measured elsewhere: {other.frames_per_s_per_vcpu:,.0f} frames/s per vCPU on "
+            f"{other.machine} ({other.measured}): {hours:,.2f} vCPU-hours, "
+            f"{hours * worker_price.usd:,.2f} USD of workers at the price below"
+        )
     out(
         f"wall clock: {result.wall_hours:,.2f} h at {result.workers:,} workers "
         f"({settings['capacity']}, 1 vCPU and {settings['worker_memory']} MiB each)"

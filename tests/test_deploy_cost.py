@@ -283,6 +283,28 @@ def test_price_overrides_and_asks_aws_nothing(
     assert result["total_usd"] == vcpu_hours * 0.02 + vcpu_hours / 100 * 0.1
 
 
+def test_the_estimate_states_what_other_measured_hosts_would_take(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Per-vCPU speed is the host's: int8 was measured on a second host at about half the rate.
+    monkeypatch.setattr(cli.Clients, "connect", lambda *a, **k: None)
+    [other] = json.loads(DATA_FILE.read_text())["figures"]["deepga/int8"]["elsewhere"]
+    code, out, err = run_cli(capsys, "estimate", "--price", "0.02", "--inference-dtype", "int8")
+    assert code == 0, err
+    hours = 1e9 / (other["frames_per_s_per_vcpu"] * 3600)
+    assert (
+        f"  measured elsewhere: {other['frames_per_s_per_vcpu']:,.0f} frames/s per vCPU on "
+        f"{other['machine']} ({other['measured']}): {hours:,.2f} vCPU-hours, "
+        f"{hours * 0.02:,.2f} USD of workers at the price below"
+    ) in out
+    result = estimate_json(capsys, "--price", "0.02", "--inference-dtype", "int8")
+    [listed] = result["throughput"]["elsewhere"]
+    assert listed["frames_per_s_per_vcpu"] == other["frames_per_s_per_vcpu"]
+    assert listed["machine"] == other["machine"]
+    _, float32_out, _ = run_cli(capsys, "estimate", "--price", "0.02")
+    assert "measured elsewhere" not in float32_out  # float32 has no second host's figure
+
+
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
@@ -481,6 +503,12 @@ def test_the_data_file_agrees_with_docs_performance() -> None:
             == entry["core_hours_per_1b_frames"]
         ), key
         assert {"measured", "machine", "command", "source"} <= set(entry), key
+        for other in entry.get("elsewhere", []):
+            assert round(1e9 / other["frames_per_s_per_vcpu"] / 3600, 1) == (
+                other["core_hours_per_1b_frames"]
+            ), key
+            assert {"measured", "machine", "command", "source"} <= set(other), key
+            assert (REPO / other["source"].split(":")[0]).is_file(), key
     assert json.loads(DATA_FILE.read_text())["default"] in figures
 
 
