@@ -440,6 +440,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.batched_envs and set(args.inference_dtype) != {"float32"}:
         raise SystemExit("--batched-envs: the batched worker runs float32 only")
+    if args.batched_envs > args.population:
+        # Measured so on a GPU host: the C++ vector env steps its idle sub-envs too, so a
+        # generation smaller than the slots times mostly idle emulators, not the worker.
+        print(f"note: --population {args.population} < --batched-envs {args.batched_envs}: "
+              "most env slots idle through the offspring phase, and idle sub-envs are still "
+              "stepped", file=sys.stderr)  # fmt: skip
     support = in_child(dtype_support)
     for dtype in args.inference_dtype:
         if dtype not in support["dtypes"]:
