@@ -166,9 +166,7 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
         while fleet.counters().leased == 0 and time.monotonic() < deadline:
             if training.done():
                 training.result()  # raises what stopped the master
-            if all(w.poll() is not None for w in workers):
-                codes = [w.returncode for w in workers]
-                raise SystemExit(f"every worker exited before its first lease (exit codes {codes})")
+            stop_if_all_exited(workers, "before its first lease")
             await asyncio.sleep(0.01)
         first_lease.append(time.monotonic())
         t0, cpu0 = time.monotonic(), time.process_time()
@@ -178,9 +176,7 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
         while not training.done():
             if time.monotonic() > deadline:
                 raise SystemExit(f"training did not finish within --timeout {args.timeout} s")
-            if all(w.poll() is not None for w in workers):
-                codes = [w.returncode for w in workers]
-                raise SystemExit(f"every worker exited during training (exit codes {codes})")
+            stop_if_all_exited(workers, "during training")
             await asyncio.sleep(0.05)
         training.result()
         wall, master_cpu = time.monotonic() - t0, time.process_time() - cpu0
@@ -227,6 +223,14 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
         "gpu_utilisation_percent": gpu_utilisation,
         "hours_per_1b_frames_on_this_host": 1e9 / (trainer.frames / wall) / 3600,
     }
+
+
+def stop_if_all_exited(workers: list[subprocess.Popen], when: str) -> None:
+    """SystemExit naming their exit codes once every worker process has exited: the master
+    would otherwise wait for them until --timeout."""
+    if all(w.poll() is not None for w in workers):
+        codes = [w.returncode for w in workers]
+        raise SystemExit(f"every worker exited {when} (exit codes {codes})")
 
 
 class GpuSampler:

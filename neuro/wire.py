@@ -20,10 +20,10 @@ SERVICE_NAME = "neuro.v1.Evolution"
 TOKEN_ENV = "NEURO_TOKEN"
 METADATA_KEY = "authorization"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""gRPC's default cap, made explicit: a bigger request gets RESOURCE_EXHAUSTED."""
 MAX_TASKS_PER_LEASE = 256
 """The most tasks one Lease may ask for: the master refuses more, so a worker asks for at most
 this many (a batched worker of more env slots fills them over several leases)."""
-"""gRPC's default cap, made explicit: a bigger request gets RESOURCE_EXHAUSTED."""
 MAX_WORKER_ID_LENGTH = 256
 WORKER_ID_CHARACTERS = frozenset(string.ascii_letters + string.digits + "._:@+=-")
 """What a worker id may hold: it shows up in logs, the status table and metric labels."""
