@@ -195,7 +195,7 @@ def test_packed_convolutions_compute_what_the_plain_network_does(arch):
     rounding, same actions, and each row the same whatever batch it is in."""
     policy = _atari(arch)
     policy.load_parameters(_random_params(policy, seed=4) * policy.init_scale() * 20)
-    if policies_module._FUSED_CONV:
+    if torch.float32 in policies_module._FUSED_CONV_DTYPES:
         assert isinstance(policy._inference_module.conv2, policies_module._FusedConv2dReLU)
     obs = np.random.default_rng(6).integers(0, 256, (8, *ATARI_OBS.shape), dtype=np.uint8)
     with torch.inference_mode():
@@ -221,7 +221,7 @@ def test_the_bound_forward_pass_is_the_modules_bit_for_bit(arch, dtype):
     rng = np.random.default_rng(9)
     for genome in range(2):
         policy.load_parameters(_random_params(policy, seed=genome) * policy.init_scale() * 20)
-        if policies_module._FUSED_CONV:
+        if torch.float32 in policies_module._FUSED_CONV_DTYPES:
             assert policy._forward is not policy._inference_module
         for batch in (1, 3):
             obs = torch.from_numpy(rng.integers(0, 256, (batch, *ATARI_OBS.shape), np.uint8))
@@ -231,3 +231,40 @@ def test_the_bound_forward_pass_is_the_modules_bit_for_bit(arch, dtype):
             assert bound.dtype == torch.float32
             assert torch.equal(bound, module.float())
             assert bound.abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_bfloat16_convolutions_emulated_on_float32_ones_compute_what_bfloat16_ones_do(
+    monkeypatch, dtype
+):
+    """On a CPU that cannot pack bfloat16 convolutions (AVX2), a reduced-precision policy runs
+    them as float32 ones on bfloat16 values, each output rounded to bfloat16. Against torch's
+    own bfloat16 convolutions on the same genome: the same actions and outputs equal up to
+    bfloat16 rounding of sums taken in another order; and the bound pass is the module's."""
+    monkeypatch.setattr(policies_module, "_FUSED_CONV_DTYPES", frozenset({torch.float32}))
+    emulated = build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype)
+    monkeypatch.setattr(policies_module, "_FUSED_CONV_DTYPES", frozenset())
+    plain = build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype)
+    conv2 = emulated._inference_module.conv2
+    assert isinstance(conv2, policies_module._FusedConv2dReLU)
+    assert conv2.output_dtype == torch.bfloat16 and conv2.weight.dtype == torch.float32
+    assert plain._inference_module.conv2.weight.dtype == torch.bfloat16
+    rng = np.random.default_rng(12)
+    for genome in range(2):
+        theta = _random_params(emulated, seed=genome) * emulated.init_scale() * 20
+        emulated.load_parameters(theta)
+        plain.load_parameters(theta)
+        # Every weight of the emulated layers is a bfloat16 value, and the same one.
+        weight = emulated._inference_module.conv3.weight
+        assert torch.equal(weight, weight.to(torch.bfloat16).float())
+        assert torch.equal(weight, plain._inference_module.conv3.weight.float())
+        obs = torch.from_numpy(rng.integers(0, 256, (16, *ATARI_OBS.shape), dtype=np.uint8))
+        with torch.inference_mode():
+            bound = emulated._forward(obs)
+            module = emulated._inference_module(obs).float()
+            reference = plain._inference_module(obs).float()
+        assert emulated._forward is not emulated._inference_module
+        assert torch.equal(bound, module)
+        assert torch.allclose(bound, reference, rtol=0.05, atol=0.05 * reference.abs().max())
+        assert torch.equal(bound.argmax(1), reference.argmax(1))
+        assert reference.abs().max() > 1e-2 and not torch.equal(reference[0], reference[1])

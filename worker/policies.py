@@ -132,24 +132,35 @@ class _Int8Linear(nn.Module):
         return torch.cat([self._kernel(row, self._packed, True) for row in x.split(1)])
 
 
-def _fused_conv_available() -> bool:
-    """Whether this torch has oneDNN's convolution with a fused ReLU on pre-packed weights."""
+def _fused_conv_works(dtype: torch.dtype) -> bool:
+    """Whether this torch and CPU run oneDNN's convolution with a fused ReLU on pre-packed
+    weights of `dtype` (bfloat16 packing needs AVX-512 or AVX-NE-CONVERT; AVX2 CPUs refuse)."""
     try:
         with torch.inference_mode():
-            weight = torch.ones(1, 1, 1, 1).contiguous(memory_format=torch.channels_last)
+            weight = torch.ones(1, 1, 1, 1, dtype=dtype)
             packed = torch._C._nn.mkldnn_reorder_conv2d_weight(
-                weight.to_mkldnn(), [0, 0], [1, 1], [1, 1], 1, [1, 1, 1, 1]
-            )
-            x = torch.full((1, 1, 1, 1), -1.0).contiguous(memory_format=torch.channels_last)
+                weight.contiguous(memory_format=torch.channels_last).to_mkldnn(),
+                [0, 0], [1, 1], [1, 1], 1, [1, 1, 1, 1],
+            )  # fmt: skip
+            x = torch.full((1, 1, 1, 1), -1.0, dtype=dtype)
             out = torch.ops.mkldnn._convolution_pointwise(
-                x, packed, torch.zeros(1), [0, 0], [1, 1], [1, 1], 1, "relu", [None], ""
-            )
+                x.contiguous(memory_format=torch.channels_last), packed,
+                torch.zeros(1, dtype=dtype), [0, 0], [1, 1], [1, 1], 1, "relu", [None], "",
+            )  # fmt: skip
         return bool(out.item() == 0.0)
-    except Exception:  # a build without oneDNN (or without these ops): plain conv + ReLU
+    except Exception:  # a build without oneDNN (or these ops), or a CPU without the dtype
         return False
 
 
-_FUSED_CONV = _fused_conv_available()
+_FUSED_CONV_DTYPES = frozenset(
+    dtype for dtype in (torch.float32, torch.bfloat16) if _fused_conv_works(dtype)
+)
+"""The dtypes whose convolutions run as _FusedConv2dReLU on this machine."""
+
+
+def _bfloat16_values(tensor: torch.Tensor) -> torch.Tensor:
+    """tensor rounded (nearest even) to bfloat16 and back: bfloat16's values, float32's dtype."""
+    return tensor.to(torch.bfloat16).to(tensor.dtype)
 
 
 class _FusedConv2dReLU(nn.Conv2d):
@@ -165,9 +176,21 @@ class _FusedConv2dReLU(nn.Conv2d):
 
     fused_relu = True
 
-    def __init__(self, *args: Any, input_size: tuple[int, int, int], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        input_size: tuple[int, int, int],
+        output_dtype: torch.dtype | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.input_size = input_size
+        self.output_dtype = output_dtype
+        """bfloat16 where the layer stands in for a bfloat16 one on a CPU that cannot pack
+        bfloat16 weights: its float32 weights hold bfloat16 values and its output is rounded
+        to bfloat16. Products of bfloat16 values are exact in float32 and oneDNN sums
+        bfloat16 convolutions in float32, so the outputs are a bfloat16 layer's up to the
+        order of the sums: a genome is the same policy on AVX2 and AVX-512 workers."""
         self._packed: Any = None
 
     def pack(self) -> None:
@@ -178,10 +201,13 @@ class _FusedConv2dReLU(nn.Conv2d):
         )  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._convolution_pointwise(
+        if x.dtype != self.weight.dtype:
+            x = x.to(self.weight.dtype)
+        x = torch.ops.mkldnn._convolution_pointwise(
             x, self._packed, self.bias, list(self.padding), list(self.stride),
             list(self.dilation), self.groups, "relu", [None], "",
         )  # fmt: skip
+        return x if self.output_dtype is None else x.to(self.output_dtype)
 
 
 class _AtariNet(nn.Module):
@@ -269,6 +295,7 @@ def _bound_forward(net: _AtariNet) -> Callable[[torch.Tensor], torch.Tensor] | N
     pad = F.pad
     channels_last = torch.channels_last
     conv_dtype = _dtype(net.conv1)
+    rounded = net.conv1.output_dtype  # bfloat16 where it is emulated in float32
     (a1, a2, a3) = (
         (c._packed, c.bias, list(c.padding), list(c.stride), list(c.dilation), c.groups,
          "relu", [None], "")
@@ -287,8 +314,14 @@ def _bound_forward(net: _AtariNet) -> Callable[[torch.Tensor], torch.Tensor] | N
     def forward(x: torch.Tensor) -> torch.Tensor:
         x = torch.empty(x.shape, dtype=conv_dtype, memory_format=channels_last).copy_(x)
         x = conv(x if pad1 is None else pad(x, pad1), *a1)
+        if rounded is not None:
+            x = x.to(rounded).to(conv_dtype)
         x = conv(x if pad2 is None else pad(x, pad2), *a2)
+        if rounded is not None:
+            x = x.to(rounded).to(conv_dtype)
         x = conv(x if pad3 is None else pad(x, pad3), *a3)
+        if rounded is not None:
+            x = x.to(rounded)
         x = x.permute(0, 2, 3, 1).flatten(1) if nhwc else x.flatten(1)
         if x.dtype != fc_dtype:
             x = x.to(fc_dtype)
@@ -388,13 +421,19 @@ class Policy:
         module = copy.deepcopy(self.module)
         conv_input_sizes: dict[str, tuple[int, int, int]] = {}
         atari = isinstance(module, _AtariNet)
+        conv_dtype = _CONV_DTYPES[dtype]
+        # A CPU that cannot pack bfloat16 convolutions (AVX2) runs them as float32 ones on
+        # bfloat16 values, rounding each output to bfloat16 (see _FusedConv2dReLU).
+        emulated = (
+            atari and conv_dtype not in _FUSED_CONV_DTYPES and torch.float32 in _FUSED_CONV_DTYPES
+        )
         if atari:
             # conv1 takes the observation as it is, its weights scaled by 1/255 instead (one
             # conversion of the input instead of three), and a reduced-precision dense layer
             # takes its columns in the channels-last conv output's order (no flatten copy).
             module.raw_input = True
             module.fc_input_nhwc = dtype != "float32"
-            if _FUSED_CONV:
+            if conv_dtype in _FUSED_CONV_DTYPES or emulated:
                 conv_input_sizes = dict(
                     zip(("conv1", "conv2", "conv3"), module.conv_input_sizes, strict=True)
                 )
@@ -424,10 +463,12 @@ class Policy:
                 if input_size is not None:
                     layer = _FusedConv2dReLU(
                         source.in_channels, source.out_channels, source.kernel_size,
-                        source.stride, source.padding, input_size=input_size, device="meta",
+                        source.stride, source.padding, input_size=input_size,
+                        output_dtype=conv_dtype if emulated else None, device="meta",
                     )  # fmt: skip
+                is_conv = isinstance(source, nn.Conv2d)
                 target_dtype = (
-                    _CONV_DTYPES[dtype] if isinstance(source, nn.Conv2d) else (torch.bfloat16)
+                    (torch.float32 if emulated else conv_dtype) if is_conv else torch.bfloat16
                 )
                 for attr in ("weight", "bias"):
                     original = getattr(source, attr)
@@ -445,6 +486,10 @@ class Policy:
                         transform = _scaled_to_unit_input
                     elif attr == "weight" and name == "fc":
                         transform = nhwc_fc
+                    if emulated and is_conv:
+                        transform = _bfloat16_values if transform is None else (
+                            lambda w, scaled=transform: _bfloat16_values(scaled(w))
+                        )  # fmt: skip
                     self._refresh.append(functools.partial(_copy_into, target, original, transform))
                 if isinstance(layer, _FusedConv2dReLU):
                     self._refresh.append(layer.pack)  # after its weight's copy
