@@ -211,13 +211,23 @@ def in_child(fn: Any, *args: Any) -> Any:
 
 
 def dtype_support() -> dict[str, Any]:
-    """Whether worker.policies.build_policy takes an inference dtype, and which ones."""
+    """Whether worker.policies.build_policy takes an inference dtype, and which ones; the
+    CPU's vector ISA as torch uses it, and which convolution dtypes oneDNN packs on it (on
+    AVX2, bfloat16 convolutions run as float32 ones on bfloat16 values)."""
+    import torch
+
     from worker import policies
 
     parameters = inspect.signature(policies.build_policy).parameters
     keyword = next((k for k in ("inference_dtype", "dtype") if k in parameters), None)
     dtypes = list(getattr(policies, "INFERENCE_DTYPES", ("float32",))) if keyword else ["float32"]
-    return {"keyword": keyword, "dtypes": dtypes}
+    fused = getattr(policies, "_FUSED_CONV_DTYPES", None)
+    return {
+        "keyword": keyword,
+        "dtypes": dtypes,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "packed_convolution_dtypes": None if fused is None else sorted(str(d) for d in fused),
+    }
 
 
 def _build(architecture: str, dtype: str, keyword: str | None) -> Any:

@@ -268,3 +268,16 @@ def test_bfloat16_convolutions_emulated_on_float32_ones_compute_what_bfloat16_on
         assert torch.allclose(bound, reference, rtol=0.05, atol=0.05 * reference.abs().max())
         assert torch.equal(bound.argmax(1), reference.argmax(1))
         assert reference.abs().max() > 1e-2 and not torch.equal(reference[0], reference[1])
+
+
+def test_bfloat16_on_a_cpu_without_it_says_int8_is_faster(monkeypatch, caplog):
+    monkeypatch.setattr(policies_module, "_FUSED_CONV_DTYPES", frozenset({torch.float32}))
+    policies_module._warn_if_bfloat16_is_slow.cache_clear()
+    with caplog.at_level("WARNING", logger="worker.policies"):
+        build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype="int8")
+        assert not caplog.records
+        for _ in range(2):
+            build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype="bfloat16")
+    assert len(caplog.records) == 1  # once per process
+    assert "bfloat16" in caplog.text and "int8 is the faster choice" in caplog.text
+    policies_module._warn_if_bfloat16_is_slow.cache_clear()
