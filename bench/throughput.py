@@ -374,11 +374,13 @@ def floor(ceiling: dict, host: dict, forward: dict, training: dict) -> dict:
     peaks = host["peak_flop_per_s"]
     memory_ms = forward["bytes_per_forward"] / host["bytes_per_s"] * 1e3
     # Each layer at the peak of the dtype it computes in (int8: dense layers int8, convolutions
-    # bfloat16), so the compute floor is a sum of per-dtype times.
+    # bfloat16), so the compute floor is a sum of per-dtype times. No dtype's floor is below
+    # float32's: a CPU without bfloat16 arithmetic (AVX2) widens bfloat16 exactly to float32,
+    # where torch's own bfloat16 matmul crawls (~0.3 GFLOP/s there).
     by_dtype = forward.get("flops_by_dtype") or {forward["dtype"]: forward["flops_per_forward"]}
     compute_ms = 0.0
     for dtype, flops in by_dtype.items():
-        peak = peaks.get(dtype) or peaks.get("float32")
+        peak = max(peaks.get(dtype) or 0.0, peaks.get("float32") or 0.0)
         compute_ms += flops / peak * 1e3 if peak else 0.0
     forward_floor = max(memory_ms, compute_ms)
     step_floor = ceiling["ms_per_env_step"] + forward_floor

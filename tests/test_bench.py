@@ -126,3 +126,24 @@ def test_decode_benchmark_measures_shared_parent_memory(tmp_path: Path, noise_ca
     memory = result["worker_memory_mib"]
     assert set(memory) == {"private", "shared"}
     assert all(len(m) == 2 and all(w["private_dirty_mib"] > 0 for w in m) for m in memory.values())
+
+
+def test_the_floor_prices_no_dtype_below_float32_and_int8_on_the_workers_kernel() -> None:
+    """On an AVX2 CPU torch's bfloat16 matmul and `_int_mm` crawl (~1 GFLOP/s), which made the
+    int8 and bfloat16 floors slower than the measured pass; the floor takes no dtype's peak
+    below float32's, and int8's is timed on fbgemm's linear, which the dense layer runs."""
+    import torch
+
+    from bench.hostcost import _matmul_peak
+    from bench.throughput import floor
+
+    torch.set_num_threads(1)
+    float32, int8 = (_matmul_peak(torch, 256, dtype) for dtype in ("float32", "int8"))
+    assert float32 and int8 and int8 > float32 / 4
+    host = {"bytes_per_s": 1e9, "peak_flop_per_s": {"float32": 1e11, "bfloat16": 1e8}}
+    forward = {"bytes_per_forward": 1_000, "flops_by_dtype": {"bfloat16": 10**9}, "idle_ms": 20,
+               "loaded_ms": 25}  # fmt: skip
+    training = {"phases": {"offspring": {"ms_per_step_per_core": 12.0}}}
+    result = floor({"ms_per_env_step": 0.5}, host, forward, training)
+    assert result["forward_compute_ms"] == pytest.approx(10.0)  # at float32's 1e11, not 1e8
+    assert result["forward_bound"] == "compute" and result["step_floor_ms"] == pytest.approx(10.5)
