@@ -206,7 +206,10 @@ class _FusedConv2dReLU(nn.Conv2d):
         bfloat16 weights: its float32 weights hold bfloat16 values and its output is rounded
         to bfloat16. Products of bfloat16 values are exact in float32 and oneDNN sums
         bfloat16 convolutions in float32, so the outputs are a bfloat16 layer's up to the
-        order of the sums: a genome is the same policy on AVX2 and AVX-512 workers."""
+        order of the sums. That order can move a rounding to bfloat16 by one step, and so,
+        rarely, a greedy action: on AVX2, actions agree with float32's as often as on AVX-512
+        (bench/results/inference-dtype-avx2.json), but not step for step with an AVX-512
+        worker's."""
         self._packed: Any = None
 
     def pack(self) -> None:
