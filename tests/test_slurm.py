@@ -119,8 +119,13 @@ def _log(run_dir: Path, job: str) -> str:
 
 
 def _start_now(job: str) -> None:
-    """Slurm holds a requeued job back for about two minutes (its BeginTime): lift that."""
+    """Slurm holds a requeued job back for about two minutes (its BeginTime): lift that.
+
+    Not at once: slurmd refuses to launch a batch job whose credential was issued in the same
+    second as the revocation of the killed run's ("Job credential revoked"; seen under load),
+    and the job then ends FAILED without running. Two seconds after the requeue clear it."""
     _wait_state(job, {"PENDING", "RUNNING", "COMPLETED"}, 60)
+    time.sleep(2)
     subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True)
 
 
