@@ -184,8 +184,7 @@ def test_int8_reads_a_quarter_of_the_dense_bytes() -> None:
     dense = 7744 * 512 + 8 * 512
     output = 512 * 18 + 18
     convolutions = 4_052_658 - (7744 * 512 + 512) - output
-    fused = policies_module._FUSED_CONV_DTYPES
-    emulated = torch.bfloat16 not in fused and torch.float32 in fused
+    emulated = policies_module._bfloat16_convolutions_emulated()
     assert sizes["int8"] < sizes["bfloat16"] < sizes["float32"]
     assert sizes["int8"] == dense + (4 if emulated else 2) * convolutions + 4 * output
 

@@ -161,6 +161,12 @@ _FUSED_CONV_DTYPES = frozenset(
 """The dtypes whose convolutions run as _FusedConv2dReLU on this machine."""
 
 
+def _bfloat16_convolutions_emulated() -> bool:
+    """Whether bfloat16 convolutions run as float32 ones on bfloat16 values here (AVX2: oneDNN
+    packs float32 convolutions but not bfloat16 ones; see _FusedConv2dReLU.output_dtype)."""
+    return torch.bfloat16 not in _FUSED_CONV_DTYPES and torch.float32 in _FUSED_CONV_DTYPES
+
+
 @functools.cache
 def _warn_if_bfloat16_is_slow() -> None:
     """Once per process: a CPU that cannot pack bfloat16 convolutions (AVX2 without AVX-512)
@@ -445,9 +451,7 @@ class Policy:
         conv_dtype = _CONV_DTYPES[dtype]
         # A CPU that cannot pack bfloat16 convolutions (AVX2) runs them as float32 ones on
         # bfloat16 values, rounding each output to bfloat16 (see _FusedConv2dReLU).
-        emulated = (
-            atari and conv_dtype not in _FUSED_CONV_DTYPES and torch.float32 in _FUSED_CONV_DTYPES
-        )
+        emulated = atari and conv_dtype == torch.bfloat16 and _bfloat16_convolutions_emulated()
         if atari:
             # conv1 takes the observation as it is, its weights scaled by 1/255 instead (one
             # conversion of the input instead of three), and a reduced-precision dense layer
