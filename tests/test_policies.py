@@ -233,6 +233,28 @@ def test_the_bound_forward_pass_is_the_modules_bit_for_bit(arch, dtype):
             assert bound.abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("arch", ["deepga", "nature"])
+def test_single_observation_passes_reuse_buffers_without_mixing_steps(arch, dtype):
+    """A pass over one observation copies between layers into buffers kept for the load: step
+    after step, each result is the module's for that step alone, and no later step changes
+    a result already returned."""
+    policy = build_policy(arch, ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype)
+    policy.load_parameters(_random_params(policy, seed=3) * policy.init_scale() * 20)
+    observations = np.random.default_rng(4).integers(0, 256, (4, *ATARI_OBS.shape), np.uint8)
+    with torch.inference_mode():
+        returned = [policy._forward(torch.from_numpy(obs[None])) for obs in observations]
+        kept = [result.clone() for result in returned]
+        policy._forward(torch.from_numpy(observations))  # a batched pass in between
+        again = policy._forward(torch.from_numpy(observations[:1]))
+        expected = [policy._inference_module(torch.from_numpy(o[None])) for o in observations]
+    for result, copy_, reference in zip(returned, kept, expected, strict=True):
+        assert torch.equal(result, copy_)
+        assert torch.equal(result, reference.float())
+    assert torch.equal(again, kept[0])
+    assert not torch.equal(kept[0], kept[1])
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 def test_bfloat16_convolutions_emulated_on_float32_ones_compute_what_bfloat16_ones_do(
     monkeypatch, dtype
@@ -261,10 +283,13 @@ def test_bfloat16_convolutions_emulated_on_float32_ones_compute_what_bfloat16_on
         obs = torch.from_numpy(rng.integers(0, 256, (16, *ATARI_OBS.shape), dtype=np.uint8))
         with torch.inference_mode():
             bound = emulated._forward(obs)
+            one_by_one = [emulated._forward(row[None]) for row in obs[:4]]
+            module_one_by_one = [emulated._inference_module(row[None]).float() for row in obs[:4]]
             module = emulated._inference_module(obs).float()
             reference = plain._inference_module(obs).float()
         assert emulated._forward is not emulated._inference_module
         assert torch.equal(bound, module)
+        assert torch.equal(torch.cat(one_by_one), torch.cat(module_one_by_one))
         assert torch.allclose(bound, reference, rtol=0.05, atol=0.05 * reference.abs().max())
         assert torch.equal(bound.argmax(1), reference.argmax(1))
         assert reference.abs().max() > 1e-2 and not torch.equal(reference[0], reference[1])
