@@ -50,6 +50,7 @@ from bench.hostcost import (  # noqa: E402  (after the path insert, so the scrip
     l3_cache,
     pin_to,
 )
+from neuro.allocator import worker_environment  # noqa: E402
 
 # The paper's generation: N offspring of one episode each, then C elite candidates x E episodes.
 PAPER_OFFSPRING = 1000
@@ -196,6 +197,7 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
     if trainer.frames == 0:
         raise SystemExit("training played no frame: every task failed (see the workers' log)")
     deltas = []
+    allocators = sorted({stats.get("allocator", "unknown") for stats in read_stats(stats_dir)})
     for stats in read_stats(stats_dir):
         start = before.get(stats["worker_id"], zero)
         deltas.append({k: stats.get(k, 0) - start.get(k, 0) for k in zero})
@@ -205,6 +207,7 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
     return {
         "inference_dtype": config_value(config, "inference_dtype", "float32"),
         "worker_args": list(args.worker_arg),
+        "allocator": allocators,
         "wall_s": wall,
         "workers": args.workers,
         "generations": len(records),
@@ -452,6 +455,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"note: --population {args.population} < --batched-envs {args.batched_envs}: "
               "most env slots idle through the offspring phase, and idle sub-envs are still "
               "stepped", file=sys.stderr)  # fmt: skip
+    # Every process the bench starts (the ceiling's, the forward pass's, the workers) runs
+    # with the allocator a master's local workers get (neuro.allocator); LD_PRELOAD= (set,
+    # empty) measures them all with the system's.
+    os.environ.update(worker_environment(os.environ))
     support = in_child(dtype_support)
     for dtype in args.inference_dtype:
         if dtype not in support["dtypes"]:
@@ -496,7 +503,8 @@ def main(argv: list[str] | None = None) -> dict:
         }
     result = {
         "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "l3": cache,
-                    "platform": platform.platform(), "python": platform.python_version()},
+                    "platform": platform.platform(), "python": platform.python_version(),
+                    "ld_preload": os.environ.get("LD_PRELOAD", "")},
         "settings": vars(args),
         "dtype_support": support,
         "price": {"usd_per_vcpu_hour": price,

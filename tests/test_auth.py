@@ -382,6 +382,8 @@ def test_local_workers_get_the_token_through_the_environment(monkeypatch):
     started = []
     monkeypatch.setenv("NEURO_TOKEN_FILE", "/elsewhere")
     monkeypatch.setattr("master.run.local_workers._worker_installed", lambda: True)
+    # Its look-up runs ldconfig through the subprocess module patched here.
+    monkeypatch.setattr("neuro.allocator.tcmalloc_installed", lambda: False)
     monkeypatch.setattr(
         "master.run.local_workers.subprocess.Popen",
         lambda command, env: started.append((command, env)),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neuro.allocator import TCMALLOC, allocator_in_use, tcmalloc_installed
 from neuro.wire import DEFAULT_MASTER, load_token
 from worker.envs import ATARI_ENGINES, DEFAULT_ATARI_ENGINE
 
@@ -258,11 +259,17 @@ def run_worker(settings: WorkerSettings) -> int:
     client = _build_client(settings)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: client.stop())
+    allocator = allocator_in_use()
     logging.info(
-        "worker %s joining master %s (%s, %s)", client.worker_id, settings.master,
+        "worker %s joining master %s (%s, %s, %s malloc)", client.worker_id, settings.master,
         "TLS" if settings.root_certificates else "plaintext",
-        "token" if settings.token else "no token",
+        "token" if settings.token else "no token", allocator,
     )  # fmt: skip
+    if allocator == "system" and "LD_PRELOAD" not in os.environ and tcmalloc_installed():
+        logging.info(
+            "tcmalloc is installed but not preloaded: LD_PRELOAD=%s makes an Atari step a few "
+            "per cent faster (docs/performance.md)", TCMALLOC,
+        )  # fmt: skip
     watcher = _watch_spot_notices(settings, client.stop)
     try:
         code = client.run()

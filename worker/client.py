@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from neuro.allocator import allocator_in_use
 from neuro.noise import NoiseTableSpec
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
@@ -477,6 +478,7 @@ class WorkerClient:
         """Counters and the time breakdown so far."""
         return {"worker_id": self.worker_id, "slots": self.slots, "time": time.monotonic(),
                 "atari_engine": getattr(self.evaluator, "atari_engine", "gym"),
+                "allocator": allocator_in_use(),
                 **self.counters.__dict__, **self.timers.as_dict()}  # fmt: skip
 
     def write_stats(self) -> None:

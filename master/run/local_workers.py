@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+from neuro.allocator import worker_environment
+
 log = logging.getLogger(__name__)
 
 
@@ -39,8 +41,11 @@ class LocalWorkers:
             raise RuntimeError(
                 "--local-workers needs the worker installed: pip install 'neuro[worker]'"
             )
-        # One torch thread per worker process: W workers on W cores, no oversubscription.
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        # One torch thread per worker process: W workers on W cores, no oversubscription;
+        # tcmalloc preloaded where the host has it (see neuro.allocator).
+        env = worker_environment(
+            {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        )
         if self._token is not None:
             # Through the environment, not argv: any user on the host can read argv in ps.
             env["NEURO_TOKEN"] = self._token
