@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from neuro.allocator import TCMALLOC
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -344,6 +345,10 @@ def test_worker_runs_one_thread_and_caches_the_noise_table_in_its_own_dir() -> N
     stage = final_stage("worker")
     env = env_of(stage)
     assert env["OMP_NUM_THREADS"] == "1"
+    # The allocator a master's local workers get (neuro.allocator), installed in this stage.
+    assert env["LD_PRELOAD"] == TCMALLOC
+    installs = [ins.args for ins in stage if ins.keyword == "RUN" and "apt-get install" in ins.args]
+    assert any("libtcmalloc-minimal4" in args for args in installs), installs
     assert env["NEURO_CACHE_DIR"] == "/var/cache/neuro"
     owned = [ins.args for ins in stage if ins.keyword == "RUN" and "chown" in ins.args]
     assert any("/var/cache/neuro" in args for args in owned), owned

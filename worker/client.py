@@ -7,6 +7,7 @@ run lives here, so a worker can be killed at any moment and the master re-issues
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -34,6 +35,10 @@ from worker.limits import MAX_PARAMS, check_spec
 from worker.slots import SlotRunner, StepTimers
 
 log = logging.getLogger(__name__)
+
+_process_allocator = functools.cache(allocator_in_use)
+"""This process's malloc, read once: what is preloaded does not change after start."""
+
 CALL_TIMEOUT_S = 10.0
 MAX_BACKOFF_S = 5.0
 HEARTBEAT_MIN_S = 0.5
@@ -478,7 +483,7 @@ class WorkerClient:
         """Counters and the time breakdown so far."""
         return {"worker_id": self.worker_id, "slots": self.slots, "time": time.monotonic(),
                 "atari_engine": getattr(self.evaluator, "atari_engine", "gym"),
-                "allocator": allocator_in_use(),
+                "allocator": _process_allocator(),
                 **self.counters.__dict__, **self.timers.as_dict()}  # fmt: skip
 
     def write_stats(self) -> None:
