@@ -350,7 +350,9 @@ def _bound_forward(net: _AtariNet) -> Callable[[torch.Tensor], torch.Tensor] | N
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if len(x) == 1:
-            # The same ops on the same values as below, copying into the load's buffers.
+            # The same ops on the same values as below, copying into the load's buffers;
+            # unrolled like the rest of the pass (a loop over the layers is more Python per
+            # step, which runs with the caches cold).
             x = conv(x_in.copy_(x), *a1)
             if round1 is not None:
                 x = round1.copy_(x)
