@@ -196,9 +196,9 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
             **{f"{k}_s": 0.0 for k in ("env", "forward", "decode", "wait", "reset")}}  # fmt: skip
     if trainer.frames == 0:
         raise SystemExit("training played no frame: every task failed (see the workers' log)")
-    deltas = []
-    allocators = sorted({stats.get("allocator", "unknown") for stats in read_stats(stats_dir)})
+    deltas, allocators = [], set()
     for stats in read_stats(stats_dir):
+        allocators.add(stats.get("allocator", "unknown"))
         start = before.get(stats["worker_id"], zero)
         deltas.append({k: stats.get(k, 0) - start.get(k, 0) for k in zero})
     records = trainer.records
@@ -207,7 +207,7 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
     return {
         "inference_dtype": config_value(config, "inference_dtype", "float32"),
         "worker_args": list(args.worker_arg),
-        "allocator": allocators,
+        "allocator": sorted(allocators),
         "wall_s": wall,
         "workers": args.workers,
         "generations": len(records),

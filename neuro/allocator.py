@@ -21,8 +21,8 @@ from pathlib import Path
 TCMALLOC = "libtcmalloc_minimal.so.4"
 """tcmalloc without the heap profiler, by the name the dynamic linker looks up."""
 
-_ALLOCATORS = {"tcmalloc": "tcmalloc", "jemalloc": "jemalloc"}
-"""What a library mapped into a process is called, by a part of its file name."""
+_ALLOCATORS = ("tcmalloc", "jemalloc")
+"""Allocators recognised in a process's mapped files, by a part of their file names."""
 
 
 @functools.cache
@@ -47,7 +47,10 @@ def allocator_in_use(maps: Path = Path("/proc/self/maps")) -> str:
         text = maps.read_text()
     except OSError:  # no /proc (not Linux): nothing preloaded by this module either
         return "system"
-    for part, name in _ALLOCATORS.items():
-        if part in text:
-            return name
-    return "system"
+    return next((name for name in _ALLOCATORS if name in text), "system")
+
+
+@functools.cache
+def this_process_allocator() -> str:
+    """allocator_in_use() for this process, read once: what is preloaded is fixed at start."""
+    return allocator_in_use()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuro.allocator import TCMALLOC, allocator_in_use, tcmalloc_installed
+from neuro.allocator import TCMALLOC, tcmalloc_installed, this_process_allocator
 from neuro.wire import DEFAULT_MASTER, load_token
 from worker.envs import ATARI_ENGINES, DEFAULT_ATARI_ENGINE
 
@@ -259,7 +259,7 @@ def run_worker(settings: WorkerSettings) -> int:
     client = _build_client(settings)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: client.stop())
-    allocator = allocator_in_use()
+    allocator = this_process_allocator()
     logging.info(
         "worker %s joining master %s (%s, %s, %s malloc)", client.worker_id, settings.master,
         "TLS" if settings.root_certificates else "plaintext",

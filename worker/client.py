@@ -7,7 +7,6 @@ run lives here, so a worker can be killed at any moment and the master re-issues
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -25,7 +24,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from neuro.allocator import allocator_in_use
+from neuro.allocator import this_process_allocator
 from neuro.noise import NoiseTableSpec
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
@@ -35,9 +34,6 @@ from worker.limits import MAX_PARAMS, check_spec
 from worker.slots import SlotRunner, StepTimers
 
 log = logging.getLogger(__name__)
-
-_process_allocator = functools.cache(allocator_in_use)
-"""This process's malloc, read once: what is preloaded does not change after start."""
 
 CALL_TIMEOUT_S = 10.0
 MAX_BACKOFF_S = 5.0
@@ -483,7 +479,7 @@ class WorkerClient:
         """Counters and the time breakdown so far."""
         return {"worker_id": self.worker_id, "slots": self.slots, "time": time.monotonic(),
                 "atari_engine": getattr(self.evaluator, "atari_engine", "gym"),
-                "allocator": _process_allocator(),
+                "allocator": this_process_allocator(),
                 **self.counters.__dict__, **self.timers.as_dict()}  # fmt: skip
 
     def write_stats(self) -> None:
