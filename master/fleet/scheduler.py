@@ -360,8 +360,11 @@ class Fleet:
             while not table.complete:
                 # Lapsed leases are also re-issued on every lease call; this wakes up for the
                 # case where no worker is asking.
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel
+                # (SIGTERM) that arrives as the phase completes, and the run would go on.
                 try:
-                    await asyncio.wait_for(self._phase_done.wait(), self.settings.lease_seconds)
+                    async with asyncio.timeout(self.settings.lease_seconds):
+                        await self._phase_done.wait()
                 except TimeoutError:
                     self._expire()
         finally:

@@ -356,6 +356,7 @@ class MirrorLoop(Observer):
         self._wanted = asyncio.Event()
         self._running: asyncio.Future[bool] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     def __repr__(self) -> str:
         return f"MirrorLoop({str(self.mirror.uri)!r}, interval={self.interval}, syncs={self.syncs})"
@@ -374,9 +375,15 @@ class MirrorLoop(Observer):
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._closing:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that
+            # arrives as the event is set (a checkpoint just before close), and then this
+            # loop would outlive the run and hold up the master's exit.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wanted.wait(), self.interval)
+                async with asyncio.timeout(self.interval):
+                    await self._wanted.wait()
+            if self._closing:
+                return
             self._wanted.clear()
             await self._sync(loop.time() + self.timeout)
 
@@ -407,11 +414,14 @@ class MirrorLoop(Observer):
 
     async def close(self, timeout: float = FINAL_SYNC_TIMEOUT_S) -> bool:
         """Stops the loop and makes one final sync, all within `timeout` s; True if it went up."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # asyncio.wait, not `await task`: a cancel of close() itself must reach close's
+            # caller, not be taken for the loop's own end and suppressed.
+            await asyncio.wait([self._task], timeout=max(deadline - loop.time(), 0))
             self._task = None
         ok = await self._sync(deadline)
         if not ok:
