@@ -3,12 +3,13 @@
 A worker's Atari step allocates and frees the same few tensors and arrays (each layer's
 output, the emulator's observation) every millisecond or so, with its caches cold. glibc's
 malloc spends a measurable share of the step on them (consolidating free chunks, touching
-fresh pages); tcmalloc serves them from per-thread caches. Measured on a 2-core AVX2 machine,
-two int8 workers stepping Frostbite took ~5% less per step with tcmalloc preloaded
-(docs/performance.md). So worker processes that neuro starts itself (a master's local
-workers, the benchmarks) get tcmalloc preloaded where the host has it, and the worker image
-sets it. The library is the system's (Debian/Ubuntu: libtcmalloc-minimal4); without it, or
-with LD_PRELOAD already set (even to nothing, the way to opt out), nothing changes.
+fresh pages); tcmalloc serves them from per-thread caches. Measured in the throughput bench,
+an offspring step took 7-10% less with tcmalloc preloaded, int8 and float32, on an AVX2 and
+an AVX-512 host (docs/performance.md). So worker processes that neuro starts itself (a
+master's local workers, the benchmarks) get tcmalloc preloaded where the host has it, and the
+worker image sets it. The library is the system's (Debian/Ubuntu: libtcmalloc-minimal4);
+without it, or with LD_PRELOAD already set (even to nothing, the way to opt out), nothing
+changes.
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ from worker.limits import MAX_PARAMS, check_spec
 from worker.slots import SlotRunner, StepTimers
 
 log = logging.getLogger(__name__)
-
 CALL_TIMEOUT_S = 10.0
 MAX_BACKOFF_S = 5.0
 HEARTBEAT_MIN_S = 0.5

@@ -359,9 +359,9 @@ class Fleet:
         try:
             while not table.complete:
                 # Lapsed leases are also re-issued on every lease call; this wakes up for the
-                # case where no worker is asking.
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel
-                # (SIGTERM) that arrives as the phase completes, and the run would go on.
+                # case where no worker is asking. asyncio.timeout, not wait_for: on Python
+                # 3.11 wait_for swallows a cancel (SIGTERM) that arrives as the phase
+                # completes, and the run would go on.
                 try:
                     async with asyncio.timeout(self.settings.lease_seconds):
                         await self._phase_done.wait()

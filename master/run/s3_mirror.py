@@ -356,7 +356,6 @@ class MirrorLoop(Observer):
         self._wanted = asyncio.Event()
         self._running: asyncio.Future[bool] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._closing = False
 
     def __repr__(self) -> str:
         return f"MirrorLoop({str(self.mirror.uri)!r}, interval={self.interval}, syncs={self.syncs})"
@@ -375,15 +374,13 @@ class MirrorLoop(Observer):
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
-        while not self._closing:
+        while True:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that
             # arrives as the event is set (a checkpoint just before close), and then this
             # loop would outlive the run and hold up the master's exit.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval):
                     await self._wanted.wait()
-            if self._closing:
-                return
             self._wanted.clear()
             await self._sync(loop.time() + self.timeout)
 
@@ -416,7 +413,6 @@ class MirrorLoop(Observer):
         """Stops the loop and makes one final sync, all within `timeout` s; True if it went up."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        self._closing = True
         if self._task is not None:
             self._task.cancel()
             # asyncio.wait, not `await task`: a cancel of close() itself must reach close's
