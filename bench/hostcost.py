@@ -243,14 +243,17 @@ def dtype_support() -> dict[str, Any]:
     }
 
 
-def _build(architecture: str, dtype: str, keyword: str | None) -> Any:
+def _build(architecture: str, dtype: str, keyword: str | None, engine: str | None = None) -> Any:
+    """A policy as a worker builds it (its default engine), or on `engine` where given."""
     import gymnasium as gym
     import numpy as np
 
     from worker.policies import build_policy
 
     space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    extra = {keyword: dtype} if keyword else {}
+    extra: dict[str, Any] = {keyword: dtype} if keyword else {}
+    if engine is not None:
+        extra["inference_engine"] = engine
     return build_policy(architecture, space, gym.spaces.Discrete(18), **extra)
 
 
@@ -301,13 +304,21 @@ def _forward_costs(architecture: str, dtype: str, keyword: str | None, sets: int
     for _ in range(max(1, repeats // 4)):
         first.act_batch(batch8)
     batch8_ms = (time.perf_counter() - t) / max(1, repeats // 4) / 8 * 1e3
+    engine = getattr(first, "inference_engine", "torch")
+    if engine == "torch":
+        on_torch, layer_ms = first, _layer_ms(first, obs, repeats)
+    else:  # the same arithmetic, counted on torch's modules; the time is the engine's own
+        on_torch = _build(architecture, dtype, keyword, "torch")
+        on_torch.load_parameters(np.array(first.flat_parameters))
+        layer_ms = _onnx_layer_ms(first, obs, repeats)
     return {
         "dtype": dtype,
+        "engine": engine,
         "params": first.num_params,
         "bytes_per_forward": weight_bytes,
-        "flops_per_forward": sum(_flops(first, obs).values()),
-        "flops_by_dtype": _flops(first, obs),
-        "layer_ms": _layer_ms(first, obs, repeats),
+        "flops_per_forward": sum(_flops(on_torch, obs).values()),
+        "flops_by_dtype": _flops(on_torch, obs),
+        "layer_ms": layer_ms,
         "idle_ms": idle,
         "loaded_ms": loaded,
         "loaded_sets": sets,
@@ -363,6 +374,44 @@ def _layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
         for handle in handles:
             handle.remove()
     return {name: total / repeats * 1e3 for name, total in totals.items()}
+
+
+def _onnx_layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
+    """Per-layer ms of one batch-1 forward on onnxruntime, from its per-node profile of the
+    policy's own model; "layout" is ONNX Runtime's re-blocking of the convolutions' input
+    and output, which belongs to no one layer."""
+    import json
+    import tempfile
+
+    import numpy as np
+
+    from worker.onnx_forward import session
+
+    forward = policy._onnx
+    with tempfile.TemporaryDirectory() as tmp:
+        profiled = session(forward.model(policy._onnx_weights()), f"{tmp}/profile")
+        feed = {"observation": obs.astype(np.float32)}
+        for _ in range(repeats):
+            profiled.run(None, feed)
+        events = json.loads(Path(profiled.end_profiling()).read_text())
+    totals = dict.fromkeys((*LAYERS, "layout"), 0.0)
+    for event in events:
+        name = event.get("name", "")
+        if event.get("cat") != "Node" or not name.endswith("_kernel_time"):
+            continue
+        totals[_layer_of(name.removesuffix("_kernel_time"))] += event["dur"] / 1e3
+    return {layer: total / repeats for layer, total in totals.items()}
+
+
+def _layer_of(node: str) -> str:
+    """The layer an onnxruntime node belongs to (worker/onnx_forward.py names nodes by their
+    output; a fused node keeps its first node's name)."""
+    for index in (1, 2, 3):
+        if node.startswith((f"conv{index}", f"relu{index}")):
+            return f"conv{index}"
+    if node.startswith("logits"):
+        return "out"
+    return "fc" if node.startswith(("fc", "features", "hidden")) else "layout"
 
 
 def _flops(policy: Any, obs: Any) -> dict[str, int]:

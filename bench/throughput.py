@@ -196,9 +196,10 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
             **{f"{k}_s": 0.0 for k in ("env", "forward", "decode", "wait", "reset")}}  # fmt: skip
     if trainer.frames == 0:
         raise SystemExit("training played no frame: every task failed (see the workers' log)")
-    deltas, allocators = [], set()
+    deltas, allocators, engines = [], set(), set()
     for stats in read_stats(stats_dir):
         allocators.add(stats.get("allocator", "unknown"))
+        engines.add(stats.get("inference_engine", "torch"))
         start = before.get(stats["worker_id"], zero)
         deltas.append({k: stats.get(k, 0) - start.get(k, 0) for k in zero})
     records = trainer.records
@@ -208,6 +209,7 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
         "inference_dtype": config_value(config, "inference_dtype", "float32"),
         "worker_args": list(args.worker_arg),
         "allocator": sorted(allocators),
+        "inference_engine": sorted(engines),
         "wall_s": wall,
         "workers": args.workers,
         "generations": len(records),

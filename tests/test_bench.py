@@ -60,7 +60,10 @@ def test_throughput_benchmark_at_a_tiny_size(tmp_path: Path, noise_cache: Path) 
     run = result["runs"]["float32"]
     forward = run["forward"]
     assert forward["params"] == 4_052_658 and forward["bytes_per_forward"] >= 4 * 4_052_658
-    assert set(forward["layer_ms"]) == {"conv1", "conv2", "conv3", "fc", "out"}
+    layers = {"conv1", "conv2", "conv3", "fc", "out"}
+    # onnxruntime adds its re-blocking of the convolutions' layout, which is no one layer's
+    assert set(forward["layer_ms"]) in (layers, layers | {"layout"})
+    assert forward["engine"] == "onnxruntime"  # a worker's default where it is installed
     # Timed by hooks on the layers: a pass that went around the modules would leave zeros.
     assert all(ms > 0 for ms in forward["layer_ms"].values())
     assert forward["flops_per_forward"] > 2 * 4_000_000

@@ -191,7 +191,13 @@ def test_int8_reads_a_quarter_of_the_dense_bytes() -> None:
 
 def test_an_int8_row_acts_the_same_whatever_shares_its_batch() -> None:
     """Per-call input quantisation would tie a row's range to its batch-mates'."""
-    policy = build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype="int8")
+    policy = build_policy(
+        "deepga",
+        ATARI_OBS,
+        gym.spaces.Discrete(18),
+        inference_dtype="int8",
+        inference_engine="torch",
+    )
     rng = np.random.default_rng(5)
     policy.load_parameters(
         (rng.standard_normal(policy.num_params) * policy.init_scale()).astype(np.float32)
@@ -212,7 +218,10 @@ def test_the_reordered_int8_dense_layer_computes_what_the_plain_order_does(
     depend on the column order, so the outputs are those of the plain order bit for bit."""
     from worker.policies import _Int8Linear
 
-    policy = build_policy(architecture, ATARI_OBS, gym.spaces.Discrete(18), inference_dtype="int8")
+    policy = build_policy(
+        architecture, ATARI_OBS, gym.spaces.Discrete(18), inference_dtype="int8",
+        inference_engine="torch",
+    )  # fmt: skip
     rng = np.random.default_rng(8)
     policy.load_parameters(
         (rng.standard_normal(policy.num_params) * policy.init_scale()).astype(np.float32)

@@ -16,8 +16,8 @@ ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 
 
-def _atari(arch: str, n_actions: int = 18):
-    return build_policy(arch, ATARI_OBS, gym.spaces.Discrete(n_actions))
+def _atari(arch: str, n_actions: int = 18, engine: str | None = None):
+    return build_policy(arch, ATARI_OBS, gym.spaces.Discrete(n_actions), inference_engine=engine)
 
 
 def _random_params(policy, seed: int = 0, scale: float = 0.05) -> np.ndarray:
@@ -193,7 +193,7 @@ def test_packed_convolutions_compute_what_the_plain_network_does(arch):
     """The inference module's convolutions (pre-packed oneDNN weights with a fused ReLU, where
     this torch has them) against the plain float32 module: same outputs up to float32
     rounding, same actions, and each row the same whatever batch it is in."""
-    policy = _atari(arch)
+    policy = _atari(arch, engine="torch")
     policy.load_parameters(_random_params(policy, seed=4) * policy.init_scale() * 20)
     if torch.float32 in policies_module._FUSED_CONV_DTYPES:
         assert isinstance(policy._inference_module.conv2, policies_module._FusedConv2dReLU)
@@ -217,7 +217,9 @@ def test_packed_convolutions_compute_what_the_plain_network_does(arch):
 def test_the_bound_forward_pass_is_the_modules_bit_for_bit(arch, dtype):
     """act_batch runs the inference module's pass bound into one function (_bound_forward):
     the same ops on the same weights, so the same bits, for every load and batch size."""
-    policy = build_policy(arch, ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype)
+    policy = build_policy(
+        arch, ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype, inference_engine="torch"
+    )
     rng = np.random.default_rng(9)
     for genome in range(2):
         policy.load_parameters(_random_params(policy, seed=genome) * policy.init_scale() * 20)
@@ -239,7 +241,9 @@ def test_single_observation_passes_reuse_buffers_without_mixing_steps(arch, dtyp
     """A pass over one observation copies between layers into buffers kept for the load: step
     after step, each result is the module's for that step alone, and no later step changes
     a result already returned."""
-    policy = build_policy(arch, ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype)
+    policy = build_policy(
+        arch, ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype, inference_engine="torch"
+    )
     policy.load_parameters(_random_params(policy, seed=3) * policy.init_scale() * 20)
     observations = np.random.default_rng(4).integers(0, 256, (4, *ATARI_OBS.shape), np.uint8)
     with torch.inference_mode():
@@ -264,9 +268,21 @@ def test_bfloat16_convolutions_emulated_on_float32_ones_compute_what_bfloat16_on
     own bfloat16 convolutions on the same genome: the same actions and outputs equal up to
     bfloat16 rounding of sums taken in another order; and the bound pass is the module's."""
     monkeypatch.setattr(policies_module, "_FUSED_CONV_DTYPES", frozenset({torch.float32}))
-    emulated = build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype)
+    emulated = build_policy(
+        "deepga",
+        ATARI_OBS,
+        gym.spaces.Discrete(18),
+        inference_dtype=dtype,
+        inference_engine="torch",
+    )
     monkeypatch.setattr(policies_module, "_FUSED_CONV_DTYPES", frozenset())
-    plain = build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype)
+    plain = build_policy(
+        "deepga",
+        ATARI_OBS,
+        gym.spaces.Discrete(18),
+        inference_dtype=dtype,
+        inference_engine="torch",
+    )
     conv2 = emulated._inference_module.conv2
     assert isinstance(conv2, policies_module._FusedConv2dReLU)
     assert conv2.output_dtype == torch.bfloat16 and conv2.weight.dtype == torch.float32

@@ -135,8 +135,9 @@ class BatchedSlotRunner(TaskRunner):
         group = self._groups.get(key)
         if group is None:
             env = handle.env
+            # The batched pass is torch's (CUDA or CPU); the template only lends its layout.
             template = build_policy(spec.architecture, env.observation_space, env.action_space,
-                                    spec.hidden_sizes)  # fmt: skip
+                                    spec.hidden_sizes, inference_engine="torch")  # fmt: skip
             policies = BatchedPolicies(template, self.capacity, self.device)
             group = _SlotGroup(policies, template, list(range(self.capacity - 1, -1, -1)))
             self._groups[key] = group

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from neuro.allocator import TCMALLOC, tcmalloc_installed, this_process_allocator
 from neuro.wire import DEFAULT_MASTER, load_token
 from worker.envs import ATARI_ENGINES, DEFAULT_ATARI_ENGINE
+from worker.onnx_forward import check_inference_engine, default_inference_engine
 
 if TYPE_CHECKING:
     from worker.client import WorkerClient
@@ -43,6 +44,7 @@ class WorkerSettings:
     prefetch: int
     slots: int
     atari_engine: str
+    inference_engine: str
     """"vector": paper-protocol Atari on ale-py's C++ vector env; "gym": gymnasium wrappers."""
     stats_file: str | None
     torch_threads: int
@@ -108,6 +110,13 @@ def worker_parser() -> argparse.ArgumentParser:
         help="what plays paper-protocol Atari: vector (ale-py's C++ vector env, one call steps "
         "all slots of a game) or gym (gymnasium wrappers); registered dynamics and non-Atari "
         "envs are gymnasium either way (env NEURO_ATARI_ENGINE; default %(default)s)",
+    )
+    parser.add_argument(
+        "--inference-engine",
+        default=None,
+        help="what runs the Atari net's float32 and int8 forward pass on a CPU: onnxruntime "
+        "(faster; the same numbers up to the order of sums) or torch; other nets and dtypes "
+        "run on torch (env NEURO_INFERENCE_ENGINE; default onnxruntime where it is installed)",
     )
     parser.add_argument(
         "--stats-file",
@@ -200,6 +209,11 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     if args.atari_engine not in ATARI_ENGINES:
         parser.error(f"--atari-engine (or NEURO_ATARI_ENGINE) must be one of "
                      f"{', '.join(ATARI_ENGINES)}, got {args.atari_engine!r}")  # fmt: skip
+    inference_engine = args.inference_engine or default_inference_engine()
+    try:
+        check_inference_engine(inference_engine)
+    except ValueError as error:
+        parser.error(f"--inference-engine (or NEURO_INFERENCE_ENGINE): {error}")
     if args.torch_threads < 1:
         parser.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
     if args.envs < 0:
@@ -219,6 +233,7 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         prefetch=args.prefetch,
         slots=args.slots,
         atari_engine=args.atari_engine,
+        inference_engine=inference_engine,
         stats_file=args.stats_file,
         torch_threads=args.torch_threads,
         noise_cache=args.noise_cache,
@@ -261,9 +276,9 @@ def run_worker(settings: WorkerSettings) -> int:
         signal.signal(signum, lambda *_: client.stop())
     allocator = this_process_allocator()
     logging.info(
-        "worker %s joining master %s (%s, %s, %s malloc)", client.worker_id, settings.master,
-        "TLS" if settings.root_certificates else "plaintext",
-        "token" if settings.token else "no token", allocator,
+        "worker %s joining master %s (%s, %s, %s malloc, %s inference)", client.worker_id,
+        settings.master, "TLS" if settings.root_certificates else "plaintext",
+        "token" if settings.token else "no token", allocator, settings.inference_engine,
     )  # fmt: skip
     if allocator == "system" and "LD_PRELOAD" not in os.environ and tcmalloc_installed():
         logging.info(
@@ -310,6 +325,7 @@ def _build_client(settings: WorkerSettings) -> WorkerClient:
             settings.decode_cache_mb * 2**20,
             shared,
             atari_engine=settings.atari_engine,
+            inference_engine=settings.inference_engine,
         ),
         prefetch=settings.prefetch,
         give_up_after_s=settings.give_up_after,

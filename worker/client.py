@@ -478,6 +478,7 @@ class WorkerClient:
         """Counters and the time breakdown so far."""
         return {"worker_id": self.worker_id, "slots": self.slots, "time": time.monotonic(),
                 "atari_engine": getattr(self.evaluator, "atari_engine", "gym"),
+                "inference_engine": getattr(self.evaluator, "inference_engine", "torch"),
                 "allocator": this_process_allocator(),
                 **self.counters.__dict__, **self.timers.as_dict()}  # fmt: skip
 

@@ -19,6 +19,7 @@ from neuro.shared_store import SharedVectorStore
 from worker.envs import GYM, EnvPool
 from worker.envs import EnvBuildError as EnvBuildError  # the client and tests import it here
 from worker.envs import NotRunnableHere as NotRunnableHere
+from worker.onnx_forward import check_inference_engine, default_inference_engine
 from worker.policies import Policy, build_policy
 from worker.rollout import EpisodeResult, play
 
@@ -125,10 +126,13 @@ class Evaluator:
         shared_store: SharedVectorStore | None = None,
         max_decoders: int = MAX_DECODERS,
         atari_engine: str = GYM,
+        inference_engine: str | None = None,
     ):
         """`shared_store`: where this host's workers share decoded parents (None: private).
 
         `atari_engine`: "gym" or "vector" (ale-py's C++ vector env) for paper-protocol Atari.
+        `inference_engine`: what runs the policies' forward pass (see Policy; None: the
+        default, onnxruntime where it is installed).
 
         `decode_cache_bytes` bounds the decoded vectors of all decoders together, and at most
         `max_decoders` decoders (each holding a noise table) are kept.
@@ -141,6 +145,10 @@ class Evaluator:
         self._max_decoders = max_decoders
         self._shared_store = shared_store
         self.atari_engine = atari_engine
+        self.inference_engine = (
+            default_inference_engine() if inference_engine is None else inference_engine
+        )
+        check_inference_engine(self.inference_engine)
         self._envs = EnvPool(atari_engine)
         self._policies: dict[tuple, Policy] = {}
         self._decoders: OrderedDict[tuple, GenomeDecoder] = OrderedDict()  # least recent first
@@ -230,7 +238,7 @@ class Evaluator:
             env = handle.env
             self._policies[key] = build_policy(
                 spec.architecture, env.observation_space, env.action_space, spec.hidden_sizes,
-                spec.inference_dtype,
+                spec.inference_dtype, self.inference_engine,
             )  # fmt: skip
         return self._policies[key]
 

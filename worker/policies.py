@@ -37,6 +37,15 @@ from neuro.layout import (
     parameter_layout,
 )
 from neuro.observation_stats import normalise
+from worker.onnx_forward import (
+    ENGINE_DTYPES,
+    ONNXRUNTIME,
+    TORCH,
+    AtariWeights,
+    OnnxAtariForward,
+    check_inference_engine,
+    default_inference_engine,
+)
 
 __all__ = [
     "ARCHITECTURES",
@@ -115,15 +124,9 @@ class _Int8Linear(nn.Module):
 
     def pack(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
         """Quantises float32 (out, in) weights and packs them with the float32 bias."""
-        scale = weight.abs().amax(dim=1).clamp_min(_MIN_INT8_SCALE * 127) / 127
-        zero_points = torch.zeros(len(scale), dtype=torch.long)
+        quantised, _ = _int8_rows(weight)
         with warnings.catch_warnings():
-            # torch marks its quantised tensor types deprecated; the fbgemm kernels they feed
-            # are the fastest int8 dense layer it ships (bench/inference_dtype.py).
-            warnings.simplefilter("ignore")
-            quantised = torch.quantize_per_channel(
-                weight, scale.double(), zero_points, 0, torch.qint8
-            )
+            warnings.simplefilter("ignore")  # see _int8_rows
             self._packed = torch.ops.quantized.linear_prepack(quantised, bias.clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,6 +136,20 @@ class _Int8Linear(nn.Module):
         # Row by row: the input's quantisation range is the whole call's, so a batched call
         # would make an episode's actions depend on which others shared its batch.
         return torch.cat([self._kernel(row, self._packed, True) for row in x.split(1)])
+
+
+def _int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 (out, in) weights as a per-row qint8 tensor, and the float32 row scales.
+
+    The one quantisation of an int8 dense layer, for either engine (the same integers)."""
+    scale = weight.abs().amax(dim=1).clamp_min(_MIN_INT8_SCALE * 127) / 127
+    zero_points = torch.zeros(len(scale), dtype=torch.long)
+    with warnings.catch_warnings():
+        # torch marks its quantised tensor types deprecated; the fbgemm kernels they feed
+        # are the fastest int8 dense layer it ships (bench/inference_dtype.py).
+        warnings.simplefilter("ignore")
+        quantised = torch.quantize_per_channel(weight, scale.double(), zero_points, 0, torch.qint8)
+    return quantised, scale
 
 
 def _fused_conv_works(dtype: torch.dtype) -> bool:
@@ -477,6 +494,11 @@ class Policy:
     stays float32 in every dtype: it is ~0.2% of the weights, and bfloat16 logits (8 mantissa
     bits) would tie often, and argmax breaks ties by index. Convolutions run on channels-last
     copies of their weights in every dtype.
+
+    `inference_engine` "onnxruntime" runs the Atari net's float32 and int8 passes on ONNX
+    Runtime (worker/onnx_forward.py: the same numbers up to the order of sums, faster on a
+    CPU); other nets and dtypes, and "torch", run on torch. `inference_engine` then says
+    which one this policy runs.
     """
 
     def __init__(
@@ -485,11 +507,13 @@ class Policy:
         observation_shape: tuple[int, ...],
         action_space: Any,
         inference_dtype: str = "float32",
+        inference_engine: str = TORCH,
     ):
         if inference_dtype not in INFERENCE_DTYPES:
             raise ValueError(
                 f"inference dtype {inference_dtype!r} is not one of {', '.join(INFERENCE_DTYPES)}"
             )
+        check_inference_engine(inference_engine)
         self.inference_dtype = inference_dtype
         if inference_dtype == "bfloat16":
             _warn_if_bfloat16_is_slow()
@@ -515,9 +539,23 @@ class Policy:
             offset += p.numel()
         # What load_parameters runs after the copy, to bring the inference copies up to date.
         self._refresh: list[Callable[[], None]] = []
+        self._onnx: OnnxAtariForward | None = None
+        if (
+            inference_engine == ONNXRUNTIME
+            and isinstance(module, _AtariNet)
+            and inference_dtype in ENGINE_DTYPES
+        ):
+            self._onnx = OnnxAtariForward(
+                inference_dtype,
+                [stride for _, _, stride in ATARI_CONVS],
+                module.pads,
+                observation_shape,
+            )
+        self.inference_engine = ONNXRUNTIME if self._onnx is not None else TORCH
         self._inference_module: nn.Module = self._build_inference_module()
         self._forward: Callable[[torch.Tensor], torch.Tensor] = self._inference_module
-        """What act_batch runs: the inference module, or its pass bound by _bound_forward."""
+        """What act_batch runs on torch: the inference module, or its pass bound by
+        _bound_forward."""
         self._refresh_copies()
 
     def _build_inference_module(self) -> nn.Module:
@@ -609,6 +647,8 @@ class Policy:
 
     def weight_bytes_per_forward(self) -> int:
         """Bytes of weights one forward pass reads, in the dtypes it computes in."""
+        if self._onnx is not None:
+            return self._onnx.weight_bytes
         total = 0
         for layer in self._inference_module.modules():
             if isinstance(layer, _Int8Linear):
@@ -618,12 +658,39 @@ class Policy:
         return total
 
     def _refresh_copies(self) -> None:
+        if self._onnx is not None:  # the torch copies are not used: not refreshed either
+            self._onnx.load(self._onnx_weights())
+            return
         with torch.no_grad():
             for refresh in self._refresh:
                 refresh()
         module = self._inference_module
         bound = _bound_forward(module) if isinstance(module, _AtariNet) else None
         self._forward = bound or module
+
+    def _onnx_weights(self) -> AtariWeights:
+        """The genome's weights as the onnxruntime pass takes them, transformed as the torch
+        pass's copies are (conv1's 1/255; bfloat16 values and int8 rows for int8)."""
+        net = self.module
+        int8 = self.inference_dtype == "int8"
+
+        def values(tensor: torch.Tensor) -> np.ndarray:
+            return (_bfloat16_values(tensor) if int8 else tensor).numpy()
+
+        with torch.no_grad():
+            convs = [
+                (values(_scaled_to_unit_input(conv.weight) if conv is net.conv1 else conv.weight),
+                 values(conv.bias))
+                for conv in (net.conv1, net.conv2, net.conv3)
+            ]  # fmt: skip
+            if int8:
+                quantised, row_scales = _int8_rows(net.fc.weight)
+                fc: tuple[np.ndarray, ...] = (
+                    quantised.int_repr().numpy(), row_scales.numpy(), net.fc.bias.numpy()
+                )  # fmt: skip
+            else:
+                fc = (net.fc.weight.numpy(), net.fc.bias.numpy())
+            return AtariWeights(convs, fc, (net.out.weight.numpy(), net.out.bias.numpy()))
 
     def _owner(self, name: str) -> tuple[nn.Module, str]:
         path, _, attr = name.rpartition(".")
@@ -680,6 +747,8 @@ class Policy:
         if not (obs.flags.writeable and obs.flags.c_contiguous):
             # torch.from_numpy warns on read-only arrays (e.g. replay of a memmap).
             obs = np.array(obs, order="C")
+        if self._onnx is not None:
+            return actions_from_outputs(self._onnx(obs), self.action_space)
         with torch.inference_mode():
             out = self._forward(torch.from_numpy(obs)).float().numpy()
         return actions_from_outputs(out, self.action_space)
@@ -708,8 +777,12 @@ def build_policy(
     action_space: Any,
     hidden_sizes: Sequence[int] = (),
     inference_dtype: str = "float32",
+    inference_engine: str | None = None,
 ) -> Policy:
-    """Build the named network for these spaces with zeroed parameters."""
+    """Build the named network for these spaces with zeroed parameters.
+
+    `inference_engine`: see Policy; None takes default_inference_engine() (onnxruntime where
+    it is installed)."""
     if architecture not in ARCHITECTURES:
         raise ValueError(
             f"unknown architecture {architecture!r}; valid: {', '.join(ARCHITECTURES)}"
@@ -747,4 +820,5 @@ def build_policy(
         check_parameter_count(parameter_count(parameter_layout(architecture, obs_shape, n_out)))
         with torch.device("meta"):
             module = _AtariNet(n_out, architecture)
-    return Policy(module, obs_shape, action_space, inference_dtype)
+    engine = default_inference_engine() if inference_engine is None else inference_engine
+    return Policy(module, obs_shape, action_space, inference_dtype, engine)

@@ -170,6 +170,7 @@ class SlotRunner(TaskRunner):
                 env.action_space,
                 spec.hidden_sizes,
                 inference_dtype=spec.inference_dtype,
+                inference_engine=self.evaluator.inference_engine,
             )
         )
         started = time.perf_counter()
