@@ -149,6 +149,32 @@ def test_a_reload_computes_what_the_first_load_did() -> None:
     assert not np.array_equal(policy._onnx(observations), first)
     policy.load_parameters(first_genome)
     assert np.array_equal(policy._onnx(observations), first)
+    # one observation goes through the session's I/O binding: the same numbers, and a
+    # returned array is the caller's (the next call does not overwrite it)
+    alone = policy._onnx(observations[:1])
+    assert np.array_equal(alone, first[:1])
+    policy._onnx(observations[1:2])
+    assert np.array_equal(alone, first[:1])
+    policy.load_parameters(other)
+    assert not np.array_equal(policy._onnx(observations[:1]), first[:1])
+
+
+def test_the_int8_rows_are_torchs_integers_and_scales() -> None:
+    """The onnxruntime engine quantises the dense layer in numpy: the same integers and row
+    scales as torch's quantize_per_channel (what the torch engine packs), over weights of
+    many magnitudes, an all-zero row and denormal-sized ones."""
+    from worker.policies import _int8_rows, _int8_rows_numpy
+
+    rng = np.random.default_rng(4)
+    for magnitude in (1e-4, 1e-2, 1.0, 30.0):
+        weight = (rng.standard_normal((512, 1000)) * magnitude).astype(np.float32)
+        weight[3] = 0.0
+        weight[5, :10] = np.float32(1e-30)
+        weight[7, 0] = 127 * magnitude  # an exact tie of w / scale at the row's maximum
+        quantised, scales = _int8_rows(torch.from_numpy(weight))
+        integers, numpy_scales = _int8_rows_numpy(weight)
+        assert np.array_equal(integers, quantised.int_repr().numpy())
+        assert np.array_equal(numpy_scales, scales.numpy())
 
 
 def test_onnxruntime_rounds_to_bfloat16_as_torch_does() -> None:

@@ -152,6 +152,18 @@ def _int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantised, scale
 
 
+def _int8_rows_numpy(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """_int8_rows's integers and scales computed in numpy, ~4x faster (the onnxruntime
+    engine's per-load quantisation): the same float32 operations, and the same rounding of
+    w x (1 / scale) to the nearest even, so the same integers (tests/test_onnx_forward.py)."""
+    scale = np.maximum(np.abs(weight).max(axis=1), np.float32(_MIN_INT8_SCALE * 127))
+    scale = scale / np.float32(127)
+    levels = np.multiply(weight, (np.float32(1) / scale)[:, None])
+    np.rint(levels, out=levels)
+    np.clip(levels, -128, 127, out=levels)
+    return levels.astype(np.int8), scale
+
+
 def _fused_conv_works(dtype: torch.dtype) -> bool:
     """Whether this torch and CPU run oneDNN's convolution with a fused ReLU on pre-packed
     weights of `dtype` (bfloat16 packing needs AVX-512 or AVX-NE-CONVERT; AVX2 CPUs refuse)."""
@@ -684,10 +696,8 @@ class Policy:
                 for conv in (net.conv1, net.conv2, net.conv3)
             ]  # fmt: skip
             if int8:
-                quantised, row_scales = _int8_rows(net.fc.weight)
-                fc: tuple[np.ndarray, ...] = (
-                    quantised.int_repr().numpy(), row_scales.numpy(), net.fc.bias.numpy()
-                )  # fmt: skip
+                integers, row_scales = _int8_rows_numpy(net.fc.weight.numpy())
+                fc: tuple[np.ndarray, ...] = (integers, row_scales, net.fc.bias.numpy())
             else:
                 fc = (net.fc.weight.numpy(), net.fc.bias.numpy())
             return AtariWeights(convs, fc, (net.out.weight.numpy(), net.out.bias.numpy()))
