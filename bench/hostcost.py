@@ -405,7 +405,8 @@ def _onnx_layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
 
 def _layer_of(node: str) -> str:
     """The layer an onnxruntime node belongs to (worker/onnx_forward.py names nodes by their
-    output; a fused node keeps its first node's name)."""
+    output; a fused node keeps its first node's name, or takes it after "fused ")."""
+    node = node.removeprefix("fused ")
     for index in (1, 2, 3):
         if node.startswith((f"conv{index}", f"relu{index}")):
             return f"conv{index}"

@@ -150,3 +150,14 @@ def test_the_floor_prices_no_dtype_below_float32_and_int8_on_the_workers_kernel(
     result = floor({"ms_per_env_step": 0.5}, host, forward, training)
     assert result["forward_compute_ms"] == pytest.approx(10.0)  # at float32's 1e11, not 1e8
     assert result["forward_bound"] == "compute" and result["step_floor_ms"] == pytest.approx(10.5)
+
+
+def test_inference_engine_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
+    result = run_bench("inference_engines.py", "--processes", "1", "--steps", "20",
+                       "--rounds", "1", out=tmp_path / "engines.json")  # fmt: skip
+    assert set(result["summary"]) == {
+        f"{dtype}/{engine}" for dtype in ("float32", "int8") for engine in ("torch", "onnxruntime")
+    }
+    for figures in result["summary"].values():
+        assert figures["forward_ms"] > 0 and figures["emulator_ms"] > 0
+    assert result["machine"]["onnxruntime"]

@@ -1,0 +1,120 @@
+"""The forward pass's ms per agent step on each inference engine, as a worker's step runs it.
+
+One pinned process per core, all at once (`--processes`, default: every core), each stepping
+Frostbite on the C++ vector env with a random `deepga` genome (the paper's init) per engine
+and dtype, the engines and dtypes taking turns (`--rounds`), so that the emulator between two
+passes leaves the caches as cold as it does in training. Prints and writes per engine and
+dtype the mean forward and emulator ms per step over all processes and rounds.
+
+    python bench/inference_engines.py --json bench/results/inference-engines.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+ENGINES = ("torch", "onnxruntime")
+COMBINATIONS = [(dtype, engine) for dtype in ("float32", "int8") for engine in ENGINES]
+
+
+def _child(core: int, steps: int, rounds: int, queue: Any) -> None:
+    os.sched_setaffinity(0, {core})
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    from ale_py.vector_env import AtariVectorEnv
+
+    from worker.policies import build_policy
+
+    torch.set_num_threads(1)
+    observations = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    env = AtariVectorEnv(
+        "frostbite", num_envs=1, frameskip=4, repeat_action_probability=0.0, noop_max=30,
+        use_fire_reset=True, episodic_life=False, reward_clipping=False, stack_num=4,
+        img_height=84, img_width=84, grayscale=True, maxpool=True, num_threads=1,
+        thread_affinity_offset=-1,
+    )  # fmt: skip
+    rng = np.random.default_rng(core)
+    result: dict[str, list[dict[str, float]]] = {}
+    for _ in range(rounds):
+        for dtype, engine in COMBINATIONS:
+            policy = build_policy("deepga", observations, gym.spaces.Discrete(18),
+                                  inference_dtype=dtype, inference_engine=engine)  # fmt: skip
+            scale = policy.init_scale()
+            policy.load_parameters((rng.standard_normal(policy.num_params) * scale).astype("f4"))
+            observation, _ = env.reset(seed=core)
+            forward = emulator = 0.0
+            for _ in range(steps):
+                started = time.perf_counter()
+                action = int(policy.act_batch(observation)[0])
+                acted = time.perf_counter()
+                observation, *_ = env.step(np.array([action]))
+                forward += acted - started
+                emulator += time.perf_counter() - acted
+            result.setdefault(f"{dtype}/{engine}", []).append(
+                {"forward_ms": forward / steps * 1e3, "emulator_ms": emulator / steps * 1e3}
+            )
+    env.close()
+    queue.put(result)
+
+
+def measure(processes: int, steps: int, rounds: int) -> dict[str, Any]:
+    """Runs the pinned processes at once; the mean per engine and dtype over all of them."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    children = [context.Process(target=_child, args=(core, steps, rounds, queue))
+                for core in range(processes)]  # fmt: skip
+    for child in children:
+        child.start()
+    results = [queue.get(timeout=600) for _ in children]
+    for child in children:
+        child.join()
+    summary = {}
+    for key in results[0]:
+        runs = [run for result in results for run in result[key]]
+        names = ("forward_ms", "emulator_ms")
+        summary[key] = {name: sum(run[name] for run in runs) / len(runs) for name in names}
+    return {"processes": processes, "steps": steps, "rounds": rounds, "summary": summary,
+            "per_process": results}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--steps", type=int, default=2000, help="per engine, dtype and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    for name in ("processes", "steps", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    result = measure(args.processes, args.steps, args.rounds)
+    import onnxruntime
+    import torch
+
+    result["machine"] = {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+    for key, figures in result["summary"].items():
+        print(f"{key:20s} forward {figures['forward_ms']:.3f} ms  emulator "
+              f"{figures['emulator_ms']:.3f} ms per step")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
