@@ -4,7 +4,8 @@ One pinned process per core, all at once (`--processes`, default: every core), e
 Frostbite on the C++ vector env with a random `deepga` genome (the paper's init) per engine
 and dtype, the engines and dtypes taking turns (`--rounds`), so that the emulator between two
 passes leaves the caches as cold as it does in training. Prints and writes per engine and
-dtype the mean forward and emulator ms per step over all processes and rounds.
+dtype the mean forward and emulator ms per step over all processes and rounds. Then how often
+the two engines choose the same greedy action, over random genomes playing Frostbite.
 
     python bench/inference_engines.py --json bench/results/inference-engines.json
 """
@@ -89,17 +90,72 @@ def measure(processes: int, steps: int, rounds: int) -> dict[str, Any]:
             "per_process": results}  # fmt: skip
 
 
+def agreement(genomes: int, steps: int) -> dict[str, dict[str, float]]:
+    """Per dtype: random genomes play Frostbite with torch's greedy actions; at every visited
+    observation onnxruntime's greedy action is compared, and the logits' largest difference
+    relative to their size is kept."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    from neuro.envs.make import make_env
+    from worker.policies import build_policy
+
+    torch.set_num_threads(1)
+    space, actions = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(18)
+    result = {}
+    for dtype in ("float32", "int8"):
+        on = {engine: build_policy("deepga", space, actions, inference_dtype=dtype,
+                                   inference_engine=engine) for engine in ENGINES}  # fmt: skip
+        same = played = 0
+        worst = 0.0
+        for genome in range(genomes):
+            rng = np.random.default_rng(100 + genome)
+            scale = on["torch"].init_scale()
+            flat = (rng.standard_normal(on["torch"].num_params) * scale).astype(np.float32)
+            for policy in on.values():
+                policy.load_parameters(flat)
+            handle = make_env("Frostbite-v4")
+            observation, _ = handle.env.reset(seed=genome)
+            for _ in range(steps):
+                with torch.inference_mode():
+                    expected = on["torch"]._forward(torch.from_numpy(observation[None]))
+                expected = expected.float().numpy()[0]
+                got = on["onnxruntime"]._onnx(observation[None])[0]
+                difference = float(np.abs(expected - got).max() / np.abs(expected).max())
+                worst = max(worst, difference)
+                action = int(np.argmax(expected))
+                same += action == int(np.argmax(got))
+                played += 1
+                observation, _, terminated, truncated, _ = handle.env.step(action)
+                if terminated or truncated:
+                    break
+            handle.env.close()
+        result[dtype] = {"steps": played, "same_action": same / played,
+                         "largest_relative_logit_difference": worst}  # fmt: skip
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--steps", type=int, default=2000, help="per engine, dtype and round")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--agreement-genomes",
+        type=int,
+        default=16,
+        help="random genomes whose greedy actions the engines compare (0: none)",
+    )
+    parser.add_argument("--agreement-steps", type=int, default=2000, help="per genome, at most")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     for name in ("processes", "steps", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     result = measure(args.processes, args.steps, args.rounds)
+    if args.agreement_genomes > 0:
+        result["agreement"] = agreement(args.agreement_genomes, args.agreement_steps)
     import onnxruntime
     import torch
 
@@ -111,6 +167,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for key, figures in result["summary"].items():
         print(f"{key:20s} forward {figures['forward_ms']:.3f} ms  emulator "
               f"{figures['emulator_ms']:.3f} ms per step")  # fmt: skip
+    for dtype, figures in result.get("agreement", {}).items():
+        print(f"{dtype}: the same greedy action on {figures['same_action']:.4%} of "
+              f"{figures['steps']} steps; logits within "
+              f"{figures['largest_relative_logit_difference']:.1e} of their size")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return result

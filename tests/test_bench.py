@@ -154,10 +154,13 @@ def test_the_floor_prices_no_dtype_below_float32_and_int8_on_the_workers_kernel(
 
 def test_inference_engine_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
     result = run_bench("inference_engines.py", "--processes", "1", "--steps", "20",
-                       "--rounds", "1", out=tmp_path / "engines.json")  # fmt: skip
+                       "--rounds", "1", "--agreement-genomes", "1", "--agreement-steps", "30",
+                       out=tmp_path / "engines.json")  # fmt: skip
     assert set(result["summary"]) == {
         f"{dtype}/{engine}" for dtype in ("float32", "int8") for engine in ("torch", "onnxruntime")
     }
     for figures in result["summary"].values():
         assert figures["forward_ms"] > 0 and figures["emulator_ms"] > 0
     assert result["machine"]["onnxruntime"]
+    for figures in result["agreement"].values():
+        assert figures["steps"] == 30 and 0 <= figures["same_action"] <= 1

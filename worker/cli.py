@@ -44,8 +44,9 @@ class WorkerSettings:
     prefetch: int
     slots: int
     atari_engine: str
-    inference_engine: str
     """"vector": paper-protocol Atari on ale-py's C++ vector env; "gym": gymnasium wrappers."""
+    inference_engine: str
+    """"onnxruntime" or "torch": what runs the Atari net's float32 and int8 passes."""
     stats_file: str | None
     torch_threads: int
     noise_cache: str | None

@@ -139,9 +139,9 @@ class _Int8Linear(nn.Module):
 
 
 def _int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 (out, in) weights as a per-row qint8 tensor, and the float32 row scales.
-
-    The one quantisation of an int8 dense layer, for either engine (the same integers)."""
+    """float32 (out, in) weights as a per-row qint8 tensor, and the float32 row scales: the
+    torch engine's int8 dense layer (_int8_rows_numpy gives the onnxruntime engine the same
+    integers and scales)."""
     scale = weight.abs().amax(dim=1).clamp_min(_MIN_INT8_SCALE * 127) / 127
     zero_points = torch.zeros(len(scale), dtype=torch.long)
     with warnings.catch_warnings():
