@@ -267,22 +267,15 @@ def test_bfloat16_convolutions_emulated_on_float32_ones_compute_what_bfloat16_on
     them as float32 ones on bfloat16 values, each output rounded to bfloat16. Against torch's
     own bfloat16 convolutions on the same genome: the same actions and outputs equal up to
     bfloat16 rounding of sums taken in another order; and the bound pass is the module's."""
+
+    def on_torch():
+        return build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype,
+                            inference_engine="torch")  # fmt: skip
+
     monkeypatch.setattr(policies_module, "_FUSED_CONV_DTYPES", frozenset({torch.float32}))
-    emulated = build_policy(
-        "deepga",
-        ATARI_OBS,
-        gym.spaces.Discrete(18),
-        inference_dtype=dtype,
-        inference_engine="torch",
-    )
+    emulated = on_torch()
     monkeypatch.setattr(policies_module, "_FUSED_CONV_DTYPES", frozenset())
-    plain = build_policy(
-        "deepga",
-        ATARI_OBS,
-        gym.spaces.Discrete(18),
-        inference_dtype=dtype,
-        inference_engine="torch",
-    )
+    plain = on_torch()
     conv2 = emulated._inference_module.conv2
     assert isinstance(conv2, policies_module._FusedConv2dReLU)
     assert conv2.output_dtype == torch.bfloat16 and conv2.weight.dtype == torch.float32
