@@ -1,15 +1,16 @@
 """The Atari net's forward pass on ONNX Runtime, the CPU worker's default engine.
 
 Why a second engine: at batch 1, with its caches cold from the emulator, ONNX Runtime's
-convolutions (MLAS, weights re-blocked once per session) take ~85-95 us each where oneDNN's
-take ~160 us (one Zen 3 core, stepping Frostbite), so an int8 pass fell from ~0.75 to ~0.47
-ms a step and a float32 one from ~1.0 to ~0.66 ms (docs/performance.md, "The inference
-engine"). A genome's weights are constants of a session built per load (~30-60 ms, against
-an offspring episode's ~2-3 s), so that ONNX Runtime packs them once.
+convolutions (MLAS, weights re-blocked once per session) take ~90-100 us each where oneDNN's
+take ~160 us (a Zen 3 core stepping Frostbite), so an int8 pass fell from 0.75 to 0.43 ms a
+step and a float32 one from 1.00 to 0.74 ms (bench/inference_engines.py; docs/performance.md,
+"The inference engine"). A genome's weights are constants of a session built per load (int8
+16 ms, float32 26 ms, against an offspring episode's 3-4 s), so that ONNX Runtime packs them
+once.
 
 The numbers are those of Policy's torch pass for the same dtype, up to the order of float
 sums (as between two CPUs; tests/test_onnx_forward.py holds the logits close and the greedy
-actions equal):
+actions the same):
 - float32: the torch pass's layers and weights (conv1's scaled by 1/255), in float32.
 - int8: the convolutions on bfloat16 values (weights, biases and each ReLU output rounded to
   bfloat16 and back, as the torch pass does on a CPU without bfloat16 convolutions); the
