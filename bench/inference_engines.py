@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from neuro.allocator import worker_environment  # noqa: E402
+
 ENGINES = ("torch", "onnxruntime")
 COMBINATIONS = [(dtype, engine) for dtype in ("float32", "int8") for engine in ENGINES]
 
@@ -153,6 +155,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in ("processes", "steps", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    # The processes run with the allocator a master's local workers get (neuro.allocator):
+    # tcmalloc where the host has it; LD_PRELOAD= (set, empty) measures without.
+    os.environ.update(worker_environment(os.environ))
     result = measure(args.processes, args.steps, args.rounds)
     if args.agreement_genomes > 0:
         result["agreement"] = agreement(args.agreement_genomes, args.agreement_steps)
@@ -163,6 +168,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
         "onnxruntime": onnxruntime.__version__,
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
     }
     for key, figures in result["summary"].items():
         print(f"{key:20s} forward {figures['forward_ms']:.3f} ms  emulator "
