@@ -277,7 +277,7 @@ def run_worker(settings: WorkerSettings) -> int:
         signal.signal(signum, lambda *_: client.stop())
     allocator = this_process_allocator()
     logging.info(
-        "worker %s joining master %s (%s, %s, %s malloc, %s inference)", client.worker_id,
+        "worker %s joining master %s (%s, %s, %s malloc, Atari net on %s)", client.worker_id,
         settings.master, "TLS" if settings.root_certificates else "plaintext",
         "token" if settings.token else "no token", allocator, settings.inference_engine,
     )  # fmt: skip
