@@ -564,7 +564,10 @@ class Policy:
                 observation_shape,
             )
         self.inference_engine = ONNXRUNTIME if self._onnx is not None else TORCH
-        self._inference_module: nn.Module = self._build_inference_module()
+        # An onnxruntime policy keeps no torch copies: its session holds what the pass reads.
+        self._inference_module: nn.Module = (
+            self.module if self._onnx is not None else self._build_inference_module()
+        )
         self._forward: Callable[[torch.Tensor], torch.Tensor] = self._inference_module
         """What act_batch runs on torch: the inference module, or its pass bound by
         _bound_forward."""
@@ -670,7 +673,7 @@ class Policy:
         return total
 
     def _refresh_copies(self) -> None:
-        if self._onnx is not None:  # the torch copies are not used: not refreshed either
+        if self._onnx is not None:
             self._onnx.load(self._onnx_weights())
             return
         with torch.no_grad():
@@ -754,11 +757,11 @@ class Policy:
         if self.observation_norm is not None:
             mean, std = self.observation_norm
             obs = normalise(obs, mean, std).reshape(obs.shape)
+        if self._onnx is not None:  # it copies the observations into its own input
+            return actions_from_outputs(self._onnx(obs), self.action_space)
         if not (obs.flags.writeable and obs.flags.c_contiguous):
             # torch.from_numpy warns on read-only arrays (e.g. replay of a memmap).
             obs = np.array(obs, order="C")
-        if self._onnx is not None:
-            return actions_from_outputs(self._onnx(obs), self.action_space)
         with torch.inference_mode():
             out = self._forward(torch.from_numpy(obs)).float().numpy()
         return actions_from_outputs(out, self.action_space)
