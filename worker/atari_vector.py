@@ -91,7 +91,10 @@ class VectorGroup:
         self._defer_seeded = threads > 1 and self.fire is not None
         self._seeding: dict[int, int] = {}
         """Sub-envs whose seeded reset waits for the next step, and their seeds."""
-        self.env.reset(seed=0)  # partial resets need one full reset first
+        # Partial resets need one full reset first. Unseeded: every task's first reset is
+        # seeded, and a seeded reset reloads the ROM (~0.1 s), which a group built for a
+        # task would otherwise pay twice.
+        self.env.reset()
 
     def __repr__(self) -> str:
         return f"VectorGroup({self.game!r}, taken={int(self._taken.sum())}/{self.size})"
