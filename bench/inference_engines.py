@@ -36,18 +36,13 @@ def _child(core: int, steps: int, rounds: int, queue: Any) -> None:
     import gymnasium as gym
     import numpy as np
     import torch
-    from ale_py.vector_env import AtariVectorEnv
 
+    from bench.hostcost import _vector_env
     from worker.policies import build_policy
 
     torch.set_num_threads(1)
     observations = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    env = AtariVectorEnv(
-        "frostbite", num_envs=1, frameskip=4, repeat_action_probability=0.0, noop_max=30,
-        use_fire_reset=True, episodic_life=False, reward_clipping=False, stack_num=4,
-        img_height=84, img_width=84, grayscale=True, maxpool=True, num_threads=1,
-        thread_affinity_offset=-1,
-    )  # fmt: skip
+    env = _vector_env("Frostbite-v4", 1)  # the ceiling's emulator, under the paper protocol
     rng = np.random.default_rng(core)
     result: dict[str, list[dict[str, float]]] = {}
     for _ in range(rounds):
