@@ -243,8 +243,10 @@ def dtype_support() -> dict[str, Any]:
     }
 
 
-def _build(architecture: str, dtype: str, keyword: str | None, engine: str | None = None) -> Any:
-    """A policy as a worker builds it (its default engine), or on `engine` where given."""
+def _build(architecture: str, dtype: str, keyword: str | None, engine: str | None = None,
+           env_id: str = "Frostbite-v4") -> Any:  # fmt: skip
+    """A policy as a worker builds it (its default engine), or on `engine` where given; an
+    int8-static one calibrated on `env_id`'s frames, as a worker calibrates it."""
     import gymnasium as gym
     import numpy as np
 
@@ -254,6 +256,10 @@ def _build(architecture: str, dtype: str, keyword: str | None, engine: str | Non
     extra: dict[str, Any] = {keyword: dtype} if keyword else {}
     if engine is not None:
         extra["inference_engine"] = engine
+    if dtype == "int8-static":
+        from worker.static_int8 import calibration_observations
+
+        extra["calibration"] = calibration_observations(env_id, "paper")
     return build_policy(architecture, space, gym.spaces.Discrete(18), **extra)
 
 
@@ -306,7 +312,9 @@ def _forward_costs(architecture: str, dtype: str, keyword: str | None, sets: int
     batch8_ms = (time.perf_counter() - t) / max(1, repeats // 4) / 8 * 1e3
     engine = getattr(first, "inference_engine", "torch")
     if engine == "torch":
-        on_torch, layer_ms = first, _layer_ms(first, obs, repeats)
+        # int8-static's torch pass runs past the modules, where no hook times a layer.
+        static = dtype == "int8-static"
+        on_torch, layer_ms = first, ({} if static else _layer_ms(first, obs, repeats))
     else:  # the same arithmetic, counted on torch's modules; the time is the engine's own
         on_torch = _build(architecture, dtype, keyword, "torch")
         on_torch.load_parameters(np.array(first.flat_parameters))
@@ -387,10 +395,18 @@ def _onnx_layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
 
     from worker.onnx_forward import session
 
-    forward = policy._onnx
-    with tempfile.TemporaryDirectory() as tmp:
-        profiled = session(forward.model(policy._onnx_weights()), f"{tmp}/profile")
+    static = getattr(policy, "_static", None)
+    if static is not None:  # int8-static: the pass's own model, over the observation's bytes
+        from worker.static_int8 import onnx_model
+
+        model = onnx_model(static.net, static.calibrated.strides, static.calibrated.pads,
+                           static.observation_shape)  # fmt: skip
+        feed = {"observation": obs.astype(np.uint8)}
+    else:
+        model = policy._onnx.model(policy._onnx_weights())
         feed = {"observation": obs.astype(np.float32)}
+    with tempfile.TemporaryDirectory() as tmp:
+        profiled = session(model, f"{tmp}/profile")
         for _ in range(repeats):
             profiled.run(None, feed)
         events = json.loads(Path(profiled.end_profiling()).read_text())
@@ -417,14 +433,19 @@ def _layer_of(node: str) -> str:
 
 def _flops(policy: Any, obs: Any) -> dict[str, int]:
     """Multiply-adds x 2 of one batch-1 forward pass, from the layers' output shapes, by the
-    dtype each layer computes in (an int8 dense layer has in_features but no float weight)."""
+    dtype each layer computes in (an int8 dense layer has in_features but no float weight;
+    int8-static computes every layer but the output layer in integers, past the modules)."""
     from torch import nn
 
     flops: dict[str, int] = {}
+    static = getattr(policy, "inference_dtype", None) == "int8-static"
+    output_layer = getattr(policy.module, "out", None)
 
     def count(layer: Any, _: Any, output: Any) -> None:
         weight = getattr(layer, "weight", None)
         dtype = str(weight.dtype).removeprefix("torch.") if weight is not None else "int8"
+        if static and layer is not output_layer:
+            dtype = "int8"
         if isinstance(layer, nn.Conv2d):
             kh, kw = layer.kernel_size
             n = 2 * output.numel() * layer.in_channels * kh * kw // layer.groups

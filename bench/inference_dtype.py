@@ -1,11 +1,11 @@
 """Forward-pass precision for the paper's 4M network: speed, load cost, and what it changes.
 
-Per dtype (float32, bfloat16 and int8 as Policy runs them), on one core: ms per forward at
-batch 1 (offspring) and 16 (elite re-evaluation), ms per load_parameters (decode excluded; int8
-quantises on every load), and weight bytes one step reads. Then agreement: random genomes play
-Frostbite with the float32 policy, and at every visited observation each dtype's greedy action
-is compared with float32's.
-Last, a trained genome's scores under each dtype, over the same env seeds.
+Per dtype (float32, bfloat16, int8 and int8-static as Policy runs them), on one core: ms per
+forward at batch 1 (offspring) and 16 (elite re-evaluation), ms per load_parameters (decode
+excluded; int8 quantises on every load, int8-static calibrates too), and weight bytes one step
+reads. Then agreement: random genomes play Frostbite with the float32 policy, and at every
+visited observation each dtype's greedy action is compared with float32's. Last, a trained
+genome's scores under each dtype, over the same env seeds.
 
     python bench/inference_dtype.py --json bench/results/inference-dtype.json
 """
@@ -32,8 +32,9 @@ from neuro.envs.make import PAPER, make_env  # noqa: E402
 from neuro.noise import NoiseTableSpec, load_noise_table  # noqa: E402
 from worker.policies import Policy, build_policy  # noqa: E402
 from worker.rollout import run_episode  # noqa: E402
+from worker.static_int8 import calibration_for  # noqa: E402
 
-DTYPES = ("float32", "bfloat16", "int8")
+DTYPES = ("float32", "bfloat16", "int8", "int8-static")
 TRAINED_GENOME = REPO / "bench" / "results" / "frostbite-best-genome.json"
 
 
@@ -49,10 +50,12 @@ def median_ms(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
     return {"median": round(q[1], 4), "p25": round(q[0], 4), "p75": round(q[2], 4)}
 
 
-def build(dtype: str, handle: Any) -> Policy:
-    """A deepga policy of this dtype for the env's spaces."""
+def build(dtype: str, handle: Any, env_id: str) -> Policy:
+    """A deepga policy of this dtype for the env's spaces (int8-static: calibrated on the
+    env's frames, as a worker calibrates it)."""
     env = handle.env
-    return build_policy("deepga", env.observation_space, env.action_space, inference_dtype=dtype)
+    return build_policy("deepga", env.observation_space, env.action_space, inference_dtype=dtype,
+                        calibration=calibration_for(dtype, env_id, PAPER))  # fmt: skip
 
 
 def random_genomes(count: int, policy: Policy, table: np.ndarray, rng: np.random.Generator):
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # a worker process runs on one core
     handle = make_env(args.env, PAPER)
-    policies = {dtype: build(dtype, handle) for dtype in DTYPES}
+    policies = {dtype: build(dtype, handle, args.env) for dtype in DTYPES}
     base = policies["float32"]
     table = load_noise_table(NoiseTableSpec(123, args.noise_table_size))
     rng = np.random.default_rng(0)

@@ -470,10 +470,13 @@ def main(argv: list[str] | None = None) -> dict:
     gym_path = None
     if not args.skip_gym:
         gym_path = emulator("gym", args.env, args.workers, args.emulator_seconds, 1)
-    # int8 runs its convolutions in bfloat16: its floor needs that peak too.
-    peak_dtypes = {"float32", *args.inference_dtype} | (
-        {"bfloat16"} if "int8" in args.inference_dtype else set()
-    )
+    # int8 runs its convolutions in bfloat16: its floor needs that peak too. int8-static's
+    # floor is the int8 peak (every layer but the output layer in integers).
+    peak_dtypes = {"float32", *args.inference_dtype} - {"int8-static"}
+    if "int8" in args.inference_dtype:
+        peak_dtypes.add("bfloat16")
+    if "int8-static" in args.inference_dtype:
+        peak_dtypes.add("int8")
     host = bandwidth_and_peak(args.bandwidth_mb, args.matrix, sorted(peak_dtypes))
     price = ASSUMED_PRICE_PER_VCPU_HOUR if args.price is None else args.price
     runs = {}

@@ -164,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--network", choices=("deepga", "nature"), help="measured network (default deepga)"
     )
     estimate.add_argument(
-        "--inference-dtype", choices=("float32", "bfloat16", "int8"), help="default float32"
+        "--inference-dtype",
+        choices=("float32", "bfloat16", "int8", "int8-static"),
+        help="default float32",
     )
     _price_flags(estimate)
     estimate.add_argument("--json", action="store_true", help="print one JSON object")

@@ -109,6 +109,11 @@ class RunConfig:
             raise ValueError(
                 f"architecture {self.architecture!r} does not fit {kind} env ({self.env_id})"
             )
+        if self.inference_dtype == "int8-static" and self.architecture == "mlp":
+            raise ValueError(
+                "inference_dtype 'int8-static' quantises the Atari nets (deepga, nature), not "
+                "mlp: choose float32, bfloat16 or int8"
+            )
         for name in ("generations", "frames"):
             value = getattr(self, name)
             if value is not None and value < 1:

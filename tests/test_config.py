@@ -36,6 +36,7 @@ def test_an_explicit_none_target_disables_the_envs_threshold():
         ("CartPole-v1", {"architecture": "deepga"}, "does not fit a vector-observation env"),
         ("Frostbite-v4", {"architecture": "mlp"}, "does not fit an Atari env"),
         ("Frostbite-v4", {"atari_dynamics": "sticky"}, "'sticky' is not one of"),
+        ("CartPole-v1", {"inference_dtype": "int8-static"}, "quantises the Atari nets"),
         ("CartPole-v1", {"generations": 0}, "generations must be >= 1, got 0"),
     ],
 )

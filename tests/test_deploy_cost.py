@@ -493,7 +493,7 @@ def test_the_data_file_agrees_with_docs_performance() -> None:
     quoted = {
         key: (float(rate.replace(",", "")), float(hours))
         for key, rate, hours in re.findall(
-            r"`([\w]+/[\w]+)` ([\d,]+) frames/s per vCPU, ([\d.]+) core-hours per 1B frames", line
+            r"`([\w]+/[\w-]+)` ([\d,]+) frames/s per vCPU, ([\d.]+) core-hours per 1B frames", line
         )
     }
     assert quoted == {

@@ -144,9 +144,11 @@ def test_inference_dtype_benchmark_at_a_tiny_size(tmp_path: Path, noise_cache: P
                        "--episodes", "1", "--max-steps", "20", "--trained-genome", "none",
                        out=tmp_path / "i.json")  # fmt: skip
     assert result["params"] == 4_052_658
-    assert set(result["dtypes"]) == {"float32", "bfloat16", "int8"}
+    assert set(result["dtypes"]) == {"float32", "bfloat16", "int8", "int8-static"}
     f32, bf16 = result["dtypes"]["float32"], result["dtypes"]["bfloat16"]
     assert bf16["weight_bytes_per_step"] < f32["weight_bytes_per_step"] == 4 * 4_052_658
+    # int8-static reads one byte per weight and float32 scales, biases and output layer.
+    assert result["dtypes"]["int8-static"]["weight_bytes_per_step"] < 4_052_658 * 1.01
     assert result["agreement"]["fraction_agreeing"]["float32"] == 1.0
     assert 0 < result["agreement"]["steps"] <= 2 * 20
 

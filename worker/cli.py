@@ -46,7 +46,8 @@ class WorkerSettings:
     atari_engine: str
     """"vector": paper-protocol Atari on ale-py's C++ vector env; "gym": gymnasium wrappers."""
     inference_engine: str
-    """"onnxruntime" or "torch": what runs the Atari net's float32 and int8 passes."""
+    """"onnxruntime" or "torch": what runs the Atari net's float32, int8 and int8-static
+    passes."""
     stats_file: str | None
     torch_threads: int
     noise_cache: str | None
@@ -115,7 +116,8 @@ def worker_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--inference-engine",
         default=None,
-        help="what runs the Atari net's float32 and int8 forward pass on a CPU: onnxruntime "
+        help="what runs the Atari net's float32, int8 and int8-static forward pass on a CPU: "
+        "onnxruntime "
         "(faster; the same numbers up to the order of sums) or torch; other nets and dtypes "
         "run on torch (env NEURO_INFERENCE_ENGINE; default onnxruntime where it is installed)",
     )

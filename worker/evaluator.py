@@ -22,6 +22,7 @@ from worker.envs import NotRunnableHere as NotRunnableHere
 from worker.onnx_forward import check_inference_engine, default_inference_engine
 from worker.policies import Policy, build_policy
 from worker.rollout import EpisodeResult, play
+from worker.static_int8 import calibration_for
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,7 @@ class Evaluator:
             self._policies[key] = build_policy(
                 spec.architecture, env.observation_space, env.action_space, spec.hidden_sizes,
                 spec.inference_dtype, self.inference_engine,
+                calibration_for(spec.inference_dtype, spec.env_id, spec.atari_dynamics),
             )  # fmt: skip
         return self._policies[key]
 

@@ -99,6 +99,20 @@ def session(model: Any, profile_prefix: str | None = None) -> Any:
     )
 
 
+def bind_single(
+    session: Any, single_input: np.ndarray, output: np.ndarray, n_actions: int
+) -> tuple[Any, np.ndarray]:
+    """An I/O binding of the session's "observation" to `single_input` and its "logits" to a
+    (1, n_actions) float32 buffer (`output`, where it has that shape), and that buffer: a
+    batch-1 pass then copies into bound buffers instead of building the call's arguments."""
+    if output.shape != (1, n_actions):
+        output = np.zeros((1, n_actions), dtype=np.float32)
+    binding = session.io_binding()
+    binding.bind_cpu_input("observation", single_input)
+    binding.bind_output("logits", "cpu", 0, np.float32, [1, n_actions], output.ctypes.data)
+    return binding, output
+
+
 @dataclass(frozen=True)
 class AtariWeights:
     """One genome's weights as the forward pass computes with them (numpy, C order).
@@ -148,13 +162,8 @@ class OnnxAtariForward:
     def load(self, weights: AtariWeights) -> None:
         """Builds the session over these weights (they are copied into it)."""
         self._session = session(self.model(weights))
-        n_actions = weights.out[0].shape[0]
-        if self._single_output.shape != (1, n_actions):
-            self._single_output = np.zeros((1, n_actions), dtype=np.float32)
-        self._single = self._session.io_binding()
-        self._single.bind_cpu_input("observation", self._single_input)
-        self._single.bind_output(
-            "logits", "cpu", 0, np.float32, [1, n_actions], self._single_output.ctypes.data
+        self._single, self._single_output = bind_single(
+            self._session, self._single_input, self._single_output, weights.out[0].shape[0]
         )
         arrays = [array for pair in (*weights.convs, weights.fc, weights.out) for array in pair]
         self.weight_bytes = sum(int(array.nbytes) for array in arrays)

@@ -46,6 +46,7 @@ from worker.onnx_forward import (
     check_inference_engine,
     default_inference_engine,
 )
+from worker.static_int8 import STATIC_INT8, StaticInt8Forward, StaticInt8Pass
 
 __all__ = [
     "ARCHITECTURES",
@@ -501,7 +502,8 @@ class Policy:
     `inference_dtype` (after the exact float32 decode, so a genome is the same policy for
     every worker of a run): "float32" computes in float32; "bfloat16" runs every layer but the
     output layer on bfloat16 copies; "int8" runs the hidden dense layers with int8 weights
-    (_Int8Linear) and the convolutions on bfloat16 copies. The copies are refreshed by
+    (_Int8Linear) and the convolutions on bfloat16 copies; "int8-static" runs the Atari net in
+    integers end to end, calibrated per genome (worker/static_int8.py). The copies are refreshed by
     load_parameters; the float32 buffer (what genomes decode to) is unchanged. The output layer
     stays float32 in every dtype: it is ~0.2% of the weights, and bfloat16 logits (8 mantissa
     bits) would tie often, and argmax breaks ties by index. Convolutions run on channels-last
@@ -520,6 +522,7 @@ class Policy:
         action_space: Any,
         inference_dtype: str = "float32",
         inference_engine: str = TORCH,
+        calibration: np.ndarray | None = None,
     ):
         if inference_dtype not in INFERENCE_DTYPES:
             raise ValueError(
@@ -552,7 +555,11 @@ class Policy:
         # What load_parameters runs after the copy, to bring the inference copies up to date.
         self._refresh: list[Callable[[], None]] = []
         self._onnx: OnnxAtariForward | None = None
-        if (
+        self._static: StaticInt8Forward | None = None
+        if inference_dtype == STATIC_INT8:
+            self._static = _static_int8_forward(module, observation_shape, inference_engine,
+                                                calibration)  # fmt: skip
+        elif (
             inference_engine == ONNXRUNTIME
             and isinstance(module, _AtariNet)
             and inference_dtype in ENGINE_DTYPES
@@ -563,10 +570,14 @@ class Policy:
                 module.pads,
                 observation_shape,
             )
-        self.inference_engine = ONNXRUNTIME if self._onnx is not None else TORCH
-        # An onnxruntime policy keeps no torch copies: its session holds what the pass reads.
+        static_onnx = self._static is not None and self._static.engine == ONNXRUNTIME
+        onnx = self._onnx is not None or static_onnx
+        self.inference_engine = ONNXRUNTIME if onnx else TORCH
+        # An onnxruntime or int8-static policy keeps no torch copies: its pass holds its own.
         self._inference_module: nn.Module = (
-            self.module if self._onnx is not None else self._build_inference_module()
+            self.module
+            if self._onnx is not None or self._static is not None
+            else self._build_inference_module()
         )
         self._forward: Callable[[torch.Tensor], torch.Tensor] = self._inference_module
         """What act_batch runs on torch: the inference module, or its pass bound by
@@ -664,6 +675,8 @@ class Policy:
         """Bytes of weights one forward pass reads, in the dtypes it computes in."""
         if self._onnx is not None:
             return self._onnx.weight_bytes
+        if self._static is not None:
+            return self._static.weight_bytes
         total = 0
         for layer in self._inference_module.modules():
             if isinstance(layer, _Int8Linear):
@@ -675,6 +688,14 @@ class Policy:
     def _refresh_copies(self) -> None:
         if self._onnx is not None:
             self._onnx.load(self._onnx_weights())
+            return
+        if self._static is not None:
+            net = self.module
+            self._static.load(
+                [(c.weight.numpy(), c.bias.numpy()) for c in (net.conv1, net.conv2, net.conv3)],
+                (net.fc.weight.numpy(), net.fc.bias.numpy()),
+                (net.out.weight.numpy(), net.out.bias.numpy()),
+            )
             return
         with torch.no_grad():
             for refresh in self._refresh:
@@ -759,12 +780,36 @@ class Policy:
             obs = normalise(obs, mean, std).reshape(obs.shape)
         if self._onnx is not None:  # it copies the observations into its own input
             return actions_from_outputs(self._onnx(obs), self.action_space)
+        if self._static is not None:
+            return actions_from_outputs(self._static(obs), self.action_space)
         if not (obs.flags.writeable and obs.flags.c_contiguous):
             # torch.from_numpy warns on read-only arrays (e.g. replay of a memmap).
             obs = np.array(obs, order="C")
         with torch.inference_mode():
             out = self._forward(torch.from_numpy(obs)).float().numpy()
         return actions_from_outputs(out, self.action_space)
+
+
+def _static_int8_forward(module: nn.Module, observation_shape: tuple[int, ...], engine: str,
+                         calibration: np.ndarray | None) -> StaticInt8Forward:  # fmt: skip
+    """The int8-static pass of an Atari net; ValueError naming what is missing otherwise."""
+    if not isinstance(module, _AtariNet):
+        raise ValueError(
+            f"inference dtype {STATIC_INT8!r} quantises the Atari nets (deepga, nature), "
+            f"not {type(module).__name__}: choose float32, bfloat16 or int8"
+        )
+    if calibration is None:
+        raise ValueError(
+            f"inference dtype {STATIC_INT8!r} needs calibration observations (build_policy's "
+            "calibration: worker.static_int8.calibration_observations(env_id, dynamics))"
+        )
+    if np.shape(calibration)[1:] != observation_shape:
+        raise ValueError(
+            f"int8-static calibration frames of shape {np.shape(calibration)[1:]} do not match "
+            f"the observations' {observation_shape}"
+        )
+    calibrated = StaticInt8Pass([stride for _, _, stride in ATARI_CONVS], module.pads, calibration)
+    return StaticInt8Forward(calibrated, engine, observation_shape)
 
 
 def actions_from_outputs(out: np.ndarray, space: Any) -> np.ndarray:
@@ -791,11 +836,14 @@ def build_policy(
     hidden_sizes: Sequence[int] = (),
     inference_dtype: str = "float32",
     inference_engine: str | None = None,
+    calibration: np.ndarray | None = None,
 ) -> Policy:
     """Build the named network for these spaces with zeroed parameters.
 
     `inference_engine`: see Policy; None takes default_inference_engine() (onnxruntime where
-    it is installed)."""
+    it is installed). `calibration`: the uint8 observations an int8-static policy sets its
+    activation scales on (worker/static_int8.py: calibration_observations); other dtypes
+    take none."""
     if architecture not in ARCHITECTURES:
         raise ValueError(
             f"unknown architecture {architecture!r}; valid: {', '.join(ARCHITECTURES)}"
@@ -834,4 +882,4 @@ def build_policy(
         with torch.device("meta"):
             module = _AtariNet(n_out, architecture)
     engine = default_inference_engine() if inference_engine is None else inference_engine
-    return Policy(module, obs_shape, action_space, inference_dtype, engine)
+    return Policy(module, obs_shape, action_space, inference_dtype, engine, calibration)

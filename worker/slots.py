@@ -19,6 +19,7 @@ from worker.envs import EnvPool
 from worker.evaluator import Evaluation, EvaluationSpec, Evaluator
 from worker.policies import Policy, build_policy
 from worker.rollout import Rollout, StepTimers
+from worker.static_int8 import calibration_for
 
 __all__ = ["RunningTask", "SlotRunner", "StepTimers", "TaskRunner"]
 
@@ -171,6 +172,7 @@ class SlotRunner(TaskRunner):
                 spec.hidden_sizes,
                 inference_dtype=spec.inference_dtype,
                 inference_engine=self.evaluator.inference_engine,
+                calibration=calibration_for(spec.inference_dtype, spec.env_id, spec.atari_dynamics),
             )
         )
         started = time.perf_counter()

@@ -1,0 +1,370 @@
+"""The "int8-static" inference dtype: the Atari net in 8-bit integers end to end, its
+activations' scales calibrated per genome on a fixed set of the game's own frames.
+
+Why a second int8: on a CPU without bfloat16 arithmetic (AVX2), "int8" still runs its three
+convolutions in float32, and they take most of its pass. ONNX Runtime's integer convolution
+(QLinearConv, u8 x s8) needs each layer's output scale before it runs, which a per-observation
+(dynamic) scale cannot give; static quantisation, as every int8 deployment does it, fixes the
+scales from calibration data instead. Training Frostbite on a Zen 3 (AVX2) machine, the
+workers' forward pass fell from 0.45 to 0.30 ms a step, and an offspring step from 1.27 to
+1.12 ms (docs/performance.md, "int8-static").
+
+The definition, the same numbers on torch and ONNX Runtime and on every CPU (up to the order
+of the float32 output layer's sums; tests/test_static_int8.py):
+- Weights: per output channel (row), symmetric, 7 bits: scale = max|w| / 63, integers
+  round-half-even(w x (1 / scale)). 7 bits because AVX2's u8 x s8 dot product adds pairs of
+  products in saturating int16: 2 x 255 x 63 fits, 2 x 255 x 127 does not, and a CPU that
+  saturated would sum other integers than one that does not (AVX-512 VNNI).
+- conv1 takes the observation's bytes as they are (input scale 1/255: exact).
+- Each convolution: the integer sums plus round(bias / (input scale x weight scale)), times
+  float32(float32(input scale x weight scale) / output scale), rounded half to even and
+  clamped to [0, 255] (the ReLU): its output's bytes. Every product sum is an exact integer
+  (|sum| < 2**24), and its float32 is rounded to nearest even on both engines.
+- Each convolution's output scale: its largest ReLU output over the calibration
+  observations / 255, computed layer by layer on this pass itself (so it is exact too).
+  Larger outputs on other frames saturate at 255.
+- The dense layer: the bytes of conv3's output x 7-bit rows, summed in integers, float32 of
+  the sum x float32(input scale x row scale) + bias, ReLU. The output layer stays float32.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+STATIC_INT8 = "int8-static"
+WEIGHT_LEVELS = 63
+"""7-bit weights (see the module docstring: no CPU's int16 pair sums saturate)."""
+ACTIVATION_LEVELS = 255
+_MIN_SCALE = np.float32(1e-30)
+"""Floor of an all-zero row's or a dead layer's scale, so that nothing divides by zero."""
+_EXACT_FLOAT32_SUM = 2**24
+"""Integers up to this add exactly in float32, whatever the order of the sums."""
+_BIAS_LIMIT = 2**30
+"""A quantised bias is clamped to this, so that bias + sums stays within int32."""
+CALIBRATION_SEED = 0
+CALIBRATION_STEPS = 240
+CALIBRATION_EVERY = 16
+"""Calibration plays CALIBRATION_STEPS agent steps of the game with seeded random actions
+and keeps every CALIBRATION_EVERY-th observation (the reset's first included): 16 frames."""
+
+
+@dataclass(frozen=True)
+class QuantisedAtariNet:
+    """One genome's Atari net as the int8-static pass computes with it.
+
+    Per conv layer: `conv_integers` (out, in, kh, kw) int8, `conv_scales` (out,) float32,
+    `conv_biases` (out,) int32, `input_scales` and `output_scales` float32. `fc`: int8
+    (out, in) rows, float32 row scales, float32 bias. `out`: float32 (weight, bias).
+    """
+
+    conv_integers: Sequence[np.ndarray]
+    conv_scales: Sequence[np.ndarray]
+    conv_biases: Sequence[np.ndarray]
+    input_scales: Sequence[np.float32]
+    output_scales: Sequence[np.float32]
+    fc: tuple[np.ndarray, np.ndarray, np.ndarray]
+    out: tuple[np.ndarray, np.ndarray]
+
+    def multipliers(self, layer: int) -> np.ndarray:
+        """float32(float32(input scale x weight scale) / output scale) per output channel."""
+        product = (self.input_scales[layer] * self.conv_scales[layer]).astype(np.float32)
+        return (product / self.output_scales[layer]).astype(np.float32)
+
+    def fc_multipliers(self) -> np.ndarray:
+        """float32(dense input scale x row scale): what turns a row's integer sum to float."""
+        return (self.output_scales[-1] * self.fc[1]).astype(np.float32)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one pass reads."""
+        arrays = [*self.conv_integers, *self.conv_scales, *self.conv_biases, *self.fc, *self.out]
+        return sum(int(array.nbytes) for array in arrays)
+
+
+def quantised_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 weights (out, ...) as 7-bit int8 integers, round-half-even(w x (1 / scale)),
+    and one float32 scale per row, max|w| / 63 (in place: a per-load cost)."""
+    rows = weight.reshape(weight.shape[0], -1)
+    scale = np.maximum(np.abs(rows).max(axis=1) / np.float32(WEIGHT_LEVELS), _MIN_SCALE)
+    levels = np.multiply(rows, (np.float32(1) / scale)[:, None])
+    np.rint(levels, out=levels)
+    np.clip(levels, -WEIGHT_LEVELS, WEIGHT_LEVELS, out=levels)
+    return levels.astype(np.int8).reshape(weight.shape), scale.astype(np.float32)
+
+
+class StaticInt8Pass:
+    """Quantises a genome's Atari net by calibration and runs the integer pass on torch.
+
+    `strides` and `pads` (left, right, top, bottom per layer, as F.pad takes them) describe
+    the convolutions; `calibration`: (frames, *observation shape) uint8 observations.
+    """
+
+    def __init__(
+        self,
+        strides: Sequence[int],
+        pads: Sequence[tuple[int, int, int, int]],
+        calibration: np.ndarray,
+    ) -> None:
+        calibration = np.asarray(calibration)
+        if calibration.dtype != np.uint8 or calibration.ndim != 4 or len(calibration) == 0:
+            raise ValueError(
+                f"int8-static calibration must be a non-empty (frames, channels, height, "
+                f"width) uint8 array, got {calibration.dtype} {calibration.shape}"
+            )
+        self.strides = list(strides)
+        self.pads = [tuple(p) for p in pads]
+        self.calibration = calibration
+
+    def quantise(
+        self,
+        convs: Sequence[tuple[np.ndarray, np.ndarray]],
+        fc: tuple[np.ndarray, np.ndarray],
+        out: tuple[np.ndarray, np.ndarray],
+    ) -> QuantisedAtariNet:
+        """The quantised net of the float32 net's weights (conv1's on the observation / 255,
+        as the float32 net has them), its output scales set by the calibration."""
+        import torch
+
+        integers, scales, biases, inputs, outputs = [], [], [], [], []
+        x = torch.from_numpy(self.calibration.astype(np.float32))
+        input_scale = np.float32(1 / 255)
+        for layer, (weight, bias) in enumerate(convs):
+            levels, scale = quantised_rows(weight)
+            product = (input_scale * scale).astype(np.float32)
+            biases.append(
+                np.clip(np.round(bias / product), -_BIAS_LIMIT, _BIAS_LIMIT).astype(np.int32)
+            )
+            integers.append(levels)
+            scales.append(scale)
+            inputs.append(input_scale)
+            sums = self._conv_sums(x, levels, biases[-1], layer)
+            peak = float((sums * torch.from_numpy(product).view(1, -1, 1, 1)).max())
+            output_scale = np.float32(max(peak, 0.0) / ACTIVATION_LEVELS)
+            output_scale = output_scale if output_scale > 0 else np.float32(1.0)
+            outputs.append(output_scale)
+            multiplier = (product / output_scale).astype(np.float32)
+            x = _requantised(sums, torch.from_numpy(multiplier))
+            input_scale = output_scale
+        fc_levels, fc_scale = quantised_rows(fc[0])
+        return QuantisedAtariNet(
+            integers, scales, biases, inputs, outputs,
+            (fc_levels, fc_scale, fc[1].astype(np.float32)),
+            (out[0].astype(np.float32), out[1].astype(np.float32)),
+        )  # fmt: skip
+
+    def logits(self, net: QuantisedAtariNet, observations: np.ndarray) -> np.ndarray:
+        """(batch, n_actions) float32 logits of uint8 observations, on torch."""
+        import torch
+
+        features = self.layer_bytes(net, observations)[-1].flatten(1)
+        rows, _, bias = net.fc
+        sums = _exact_matmul(features, torch.from_numpy(rows.astype(np.float32)))
+        hidden = sums * torch.from_numpy(net.fc_multipliers()) + torch.from_numpy(bias)
+        hidden = torch.relu(hidden)
+        weight, out_bias = net.out
+        return torch.nn.functional.linear(
+            hidden, torch.from_numpy(weight), torch.from_numpy(out_bias)
+        ).numpy()
+
+    def layer_bytes(self, net: QuantisedAtariNet, observations: np.ndarray) -> list[Any]:
+        """Each convolution's output bytes (as float32 torch tensors) for uint8 observations."""
+        import torch
+
+        x = torch.from_numpy(np.ascontiguousarray(observations, dtype=np.float32))
+        outputs = []
+        for layer in range(len(net.conv_integers)):
+            sums = self._conv_sums(x, net.conv_integers[layer], net.conv_biases[layer], layer)
+            x = _requantised(sums, torch.from_numpy(net.multipliers(layer)))
+            outputs.append(x)
+        return outputs
+
+    def _conv_sums(self, x: Any, levels: np.ndarray, bias: np.ndarray, layer: int) -> Any:
+        """float32 of (integer sums + bias) of one layer over integer-valued float32 input:
+        float32 convolution sums integers below 2**24 exactly, in any order."""
+        import torch
+        import torch.nn.functional as F
+
+        x = F.pad(x, self.pads[layer])
+        weight = torch.from_numpy(levels.astype(np.float32))
+        sums = F.conv2d(x, weight, stride=self.strides[layer]).double()
+        return (sums + torch.from_numpy(bias.astype(np.float64)).view(1, -1, 1, 1)).float()
+
+
+def _requantised(sums: Any, multiplier: Any) -> Any:
+    """Output bytes (as float32 values): float32 sums x per-channel multiplier, rounded half
+    to even, clamped to [0, 255]."""
+    import torch
+
+    scaled = sums * multiplier.view(1, -1, 1, 1)
+    return torch.clamp(torch.round(scaled), 0, ACTIVATION_LEVELS)
+
+
+def _exact_matmul(features: Any, rows: Any) -> Any:
+    """float32 of the exact integer products features @ rows.T: float32 sums over chunks
+    whose largest possible sum stays below 2**24, added in float64."""
+    import torch
+
+    chunk = _EXACT_FLOAT32_SUM // (ACTIVATION_LEVELS * WEIGHT_LEVELS)
+    total = torch.zeros((features.shape[0], rows.shape[0]), dtype=torch.float64)
+    for start in range(0, features.shape[1], chunk):
+        part = features[:, start : start + chunk] @ rows[:, start : start + chunk].T
+        total += part.double()
+    return total.float()
+
+
+def onnx_model(
+    net: QuantisedAtariNet,
+    strides: Sequence[int],
+    pads: Sequence[tuple[int, int, int, int]],
+    observation_shape: tuple[int, ...],
+) -> Any:
+    """The int8-static pass as an ONNX model: QLinearConv (u8 x s8, per-channel weights),
+    MatMulInteger, float32 output layer; its input is the uint8 observation."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    initializers: list[Any] = []
+    nodes: list[Any] = []
+
+    def constant(name: str, array: Any) -> str:
+        initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def node(op: str, inputs: list[str], output: str, **attributes: Any) -> str:
+        nodes.append(helper.make_node(op, inputs, [output], name=output, **attributes))
+        return output
+
+    x = "observation"
+    zero_u8 = constant("zero_u8", np.uint8(0))
+    for layer, (stride, (left, right, top, bottom)) in enumerate(zip(strides, pads, strict=True)):
+        name = f"conv{layer + 1}"
+        channels = len(net.conv_scales[layer])
+        inputs = [
+            x, constant(f"{name}.input_scale", np.float32(net.input_scales[layer])), zero_u8,
+            constant(f"{name}.integers", net.conv_integers[layer]),
+            constant(f"{name}.scales", net.conv_scales[layer]),
+            constant(f"{name}.zero_points", np.zeros(channels, np.int8)),
+            constant(f"{name}.output_scale", np.float32(net.output_scales[layer])), zero_u8,
+            constant(f"{name}.bias", net.conv_biases[layer]),
+        ]  # fmt: skip
+        # The output's zero point 0 and its clamp to [0, 255] are the ReLU.
+        x = node("QLinearConv", inputs, name, strides=[stride, stride],
+                 pads=[top, left, bottom, right])  # fmt: skip
+    x = node("Flatten", [x], "features", axis=1)
+    rows, _, bias = net.fc
+    sums = node("MatMulInteger", [x, constant("fc.integers", rows.T)], "fc_sums")
+    sums = node("Cast", [sums], "fc_sums_float", to=TensorProto.FLOAT)
+    scaled = node("Mul", [sums, constant("fc.multipliers", net.fc_multipliers())], "fc_scaled")
+    x = node("Relu", [node("Add", [scaled, constant("fc.bias", bias)], "fc")], "hidden")
+    weight, out_bias = net.out
+    node("Gemm", [x, constant("out.weight", weight), constant("out.bias", out_bias)], "logits",
+         transB=1)  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "atari_net_int8_static",
+        [helper.make_tensor_value_info(
+            "observation", TensorProto.UINT8, ["batch", *observation_shape])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", len(out_bias)])],
+        initializers,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every onnxruntime of the last years reads
+    return model
+
+
+@functools.lru_cache(maxsize=8)
+def calibration_observations(env_id: str, dynamics: str) -> np.ndarray:
+    """The frames an int8-static policy of this env is calibrated on: the env (its gymnasium
+    build, whichever engine plays the episodes) reset with CALIBRATION_SEED and stepped with
+    seeded random actions, every CALIBRATION_EVERY-th observation kept. The emulator is
+    deterministic, so every worker calibrates on the same frames. Read-only."""
+    from worker.envs import build_env
+
+    handle = build_env(env_id, dynamics)
+    env = handle.env
+    try:
+        rng = np.random.default_rng(CALIBRATION_SEED)
+        seed = CALIBRATION_SEED
+        observation, _ = env.reset(seed=seed)
+        frames = []
+        for step in range(CALIBRATION_STEPS + 1):
+            if step % CALIBRATION_EVERY == 0:
+                frames.append(np.array(observation, dtype=np.uint8))
+            action = int(rng.integers(env.action_space.n))
+            observation, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                seed += 1
+                observation, _ = env.reset(seed=seed)
+    finally:
+        env.close()
+    stacked = np.stack(frames)
+    stacked.flags.writeable = False
+    return stacked
+
+
+class StaticInt8Forward:
+    """A policy's int8-static pass: quantises each genome it loads, then runs on ONNX Runtime
+    (`engine` "onnxruntime") or on torch, the same numbers either way."""
+
+    def __init__(
+        self, calibrated: StaticInt8Pass, engine: str, observation_shape: tuple[int, ...]
+    ) -> None:
+        self.calibrated = calibrated
+        self.engine = engine
+        self.observation_shape = observation_shape
+        self.net: QuantisedAtariNet | None = None
+        self._session: Any = None
+        self._single_input = np.zeros((1, *observation_shape), dtype=np.uint8)
+        self._single: Any = None
+        self._single_output = np.zeros((1, 0), dtype=np.float32)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one pass reads (0 before the first load)."""
+        return 0 if self.net is None else self.net.weight_bytes
+
+    def load(
+        self,
+        convs: Sequence[tuple[np.ndarray, np.ndarray]],
+        fc: tuple[np.ndarray, np.ndarray],
+        out: tuple[np.ndarray, np.ndarray],
+    ) -> None:
+        """Quantises these float32 weights (StaticInt8Pass.quantise) and, on onnxruntime,
+        builds the session over them."""
+        self.net = self.calibrated.quantise(convs, fc, out)
+        if self.engine != "onnxruntime":
+            return
+        from worker.onnx_forward import bind_single, session
+
+        model = onnx_model(self.net, self.calibrated.strides, self.calibrated.pads,
+                           self.observation_shape)  # fmt: skip
+        self._session = session(model)
+        self._single, self._single_output = bind_single(
+            self._session, self._single_input, self._single_output, len(out[1])
+        )
+
+    def __call__(self, observations: np.ndarray) -> np.ndarray:
+        """(batch, n_actions) float32 logits of (batch, *observation_shape) uint8 observations."""
+        if self.net is None:
+            raise RuntimeError("load() a genome before the first forward pass")
+        if observations.dtype != np.uint8:
+            raise ValueError(
+                f"int8-static takes uint8 observations (frame bytes), not {observations.dtype}"
+            )
+        if self._session is None:
+            return self.calibrated.logits(self.net, observations)
+        if observations.shape == self._single_input.shape:
+            np.copyto(self._single_input, observations)
+            self._session.run_with_iobinding(self._single)
+            return self._single_output.copy()
+        batch = np.ascontiguousarray(observations)
+        return self._session.run(None, {"observation": batch})[0]
+
+
+def calibration_for(inference_dtype: str, env_id: str, dynamics: str) -> np.ndarray | None:
+    """calibration_observations for an int8-static policy of this env; None for other dtypes."""
+    return calibration_observations(env_id, dynamics) if inference_dtype == STATIC_INT8 else None
