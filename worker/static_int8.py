@@ -79,6 +79,27 @@ class QuantisedAtariNet:
         """float32(dense input scale x row scale): what turns a row's integer sum to float."""
         return (self.output_scales[-1] * self.fc[1]).astype(np.float32)
 
+    @functools.cached_property
+    def torch_tensors(self) -> dict[str, Any]:
+        """The torch pass's float tensors of these integers and scales, made once per genome
+        instead of on every step: float32 conv weights, float64 conv biases, multipliers,
+        float32 dense rows and their multipliers, float32 biases and output layer."""
+        import torch
+
+        layers = range(len(self.conv_integers))
+        rows, _, bias = self.fc
+        weight, out_bias = self.out
+        return {
+            "conv_weights": [_float_tensor(self.conv_integers[i], np.float32) for i in layers],
+            "conv_biases": [_float_tensor(self.conv_biases[i], np.float64) for i in layers],
+            "multipliers": [torch.from_numpy(self.multipliers(i)) for i in layers],
+            "fc_rows": _float_tensor(rows, np.float32),
+            "fc_multipliers": torch.from_numpy(self.fc_multipliers()),
+            "fc_bias": torch.from_numpy(bias),
+            "out_weight": torch.from_numpy(weight),
+            "out_bias": torch.from_numpy(out_bias),
+        }
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights one pass reads."""
@@ -119,6 +140,8 @@ class StaticInt8Pass:
         self.strides = list(strides)
         self.pads = [tuple(p) for p in pads]
         self.calibration = calibration
+        self._calibration_values = calibration.astype(np.float32)
+        """The calibration frames as the float32 values the torch convolutions take."""
 
     def quantise(
         self,
@@ -131,7 +154,7 @@ class StaticInt8Pass:
         import torch
 
         integers, scales, biases, inputs, outputs = [], [], [], [], []
-        x = torch.from_numpy(self.calibration.astype(np.float32))
+        x = torch.from_numpy(self._calibration_values)
         input_scale = np.float32(1 / 255)
         for layer, (weight, bias) in enumerate(convs):
             levels, scale = quantised_rows(weight)
@@ -142,7 +165,8 @@ class StaticInt8Pass:
             integers.append(levels)
             scales.append(scale)
             inputs.append(input_scale)
-            sums = self._conv_sums(x, levels, biases[-1], layer)
+            sums = self._conv_sums(x, _float_tensor(levels, np.float32),
+                                   _float_tensor(biases[-1], np.float64), layer)  # fmt: skip
             peak = float((sums * torch.from_numpy(product).view(1, -1, 1, 1)).max())
             output_scale = np.float32(max(peak, 0.0) / ACTIVATION_LEVELS)
             output_scale = output_scale if output_scale > 0 else np.float32(1.0)
@@ -161,38 +185,47 @@ class StaticInt8Pass:
         """(batch, n_actions) float32 logits of uint8 observations, on torch."""
         import torch
 
+        tensors = net.torch_tensors
         features = self.layer_bytes(net, observations)[-1].flatten(1)
-        rows, _, bias = net.fc
-        sums = _exact_matmul(features, torch.from_numpy(rows.astype(np.float32)))
-        hidden = sums * torch.from_numpy(net.fc_multipliers()) + torch.from_numpy(bias)
-        hidden = torch.relu(hidden)
-        weight, out_bias = net.out
+        sums = _exact_matmul(features, tensors["fc_rows"])
+        hidden = torch.relu(sums * tensors["fc_multipliers"] + tensors["fc_bias"])
         return torch.nn.functional.linear(
-            hidden, torch.from_numpy(weight), torch.from_numpy(out_bias)
+            hidden, tensors["out_weight"], tensors["out_bias"]
         ).numpy()
 
     def layer_bytes(self, net: QuantisedAtariNet, observations: np.ndarray) -> list[Any]:
         """Each convolution's output bytes (as float32 torch tensors) for uint8 observations."""
         import torch
 
+        tensors = net.torch_tensors
         x = torch.from_numpy(np.ascontiguousarray(observations, dtype=np.float32))
         outputs = []
-        for layer in range(len(net.conv_integers)):
-            sums = self._conv_sums(x, net.conv_integers[layer], net.conv_biases[layer], layer)
-            x = _requantised(sums, torch.from_numpy(net.multipliers(layer)))
+        for layer, (weight, bias, multiplier) in enumerate(
+            zip(
+                tensors["conv_weights"], tensors["conv_biases"], tensors["multipliers"], strict=True
+            )
+        ):
+            x = _requantised(self._conv_sums(x, weight, bias, layer), multiplier)
             outputs.append(x)
         return outputs
 
-    def _conv_sums(self, x: Any, levels: np.ndarray, bias: np.ndarray, layer: int) -> Any:
-        """float32 of (integer sums + bias) of one layer over integer-valued float32 input:
-        float32 convolution sums integers below 2**24 exactly, in any order."""
-        import torch
+    def _conv_sums(self, x: Any, weight: Any, bias: Any, layer: int) -> Any:
+        """float32 of (integer sums + bias) of one layer over integer-valued float32 input,
+        its integers as float32 `weight` and float64 `bias`: float32 convolution sums
+        integers below 2**24 exactly, in any order."""
         import torch.nn.functional as F
 
         x = F.pad(x, self.pads[layer])
-        weight = torch.from_numpy(levels.astype(np.float32))
         sums = F.conv2d(x, weight, stride=self.strides[layer]).double()
-        return (sums + torch.from_numpy(bias.astype(np.float64)).view(1, -1, 1, 1)).float()
+        return (sums + bias.view(1, -1, 1, 1)).float()
+
+
+def _float_tensor(array: np.ndarray, dtype: Any) -> Any:
+    """A torch tensor of an integer array's values in a float dtype (exact: |values| < 2**24
+    for float32, < 2**53 for float64)."""
+    import torch
+
+    return torch.from_numpy(array.astype(dtype))
 
 
 def _requantised(sums: Any, multiplier: Any) -> Any:
