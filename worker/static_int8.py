@@ -139,7 +139,6 @@ class StaticInt8Pass:
             )
         self.strides = list(strides)
         self.pads = [tuple(p) for p in pads]
-        self.calibration = calibration
         self._calibration_values = calibration.astype(np.float32)
         """The calibration frames as the float32 values the torch convolutions take."""
 
