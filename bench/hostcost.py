@@ -387,7 +387,8 @@ def _layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
 def _onnx_layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
     """Per-layer ms of one batch-1 forward on onnxruntime, from its per-node profile of the
     policy's own model; "layout" is ONNX Runtime's re-blocking of the convolutions' input
-    and output, which belongs to no one layer."""
+    and output (int8-static: the space-to-depth of its observation, timed here), which
+    belongs to no one layer."""
     import json
     import tempfile
 
@@ -396,12 +397,15 @@ def _onnx_layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
     from worker.onnx_forward import session
 
     static = getattr(policy, "_static", None)
-    if static is not None:  # int8-static: the pass's own model, over the observation's bytes
-        from worker.static_int8 import onnx_model
-
-        model = onnx_model(static.net, static.calibrated.strides, static.calibrated.pads,
-                           static.observation_shape)  # fmt: skip
-        feed = {"observation": obs.astype(np.uint8)}
+    blocks_ms = 0.0
+    if static is not None:  # int8-static: the pass's own model, over the observation's blocks
+        model = static.onnx_model()
+        observation = obs.astype(np.uint8)
+        feed = {"observation": static.blocks(observation)}
+        started = time.perf_counter()
+        for _ in range(repeats):
+            static.blocks(observation, out=feed["observation"])
+        blocks_ms = (time.perf_counter() - started) / repeats * 1e3
     else:
         model = policy._onnx.model(policy._onnx_weights())
         feed = {"observation": obs.astype(np.float32)}
@@ -416,7 +420,9 @@ def _onnx_layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
         if event.get("cat") != "Node" or not name.endswith("_kernel_time"):
             continue
         totals[_layer_of(name.removesuffix("_kernel_time"))] += event["dur"] / 1e3
-    return {layer: total / repeats for layer, total in totals.items()}
+    layer_ms = {layer: total / repeats for layer, total in totals.items()}
+    layer_ms["layout"] += blocks_ms
+    return layer_ms
 
 
 def _layer_of(node: str) -> str:

@@ -16,7 +16,7 @@ import sys
 import textwrap
 import time
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -222,7 +222,11 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
         help="gRPC port (default %(default)s; 0 picks a free one)",
     )
     p.add_argument("--local-workers", type=int, default=0, metavar="W",
-                   help="also start W worker processes on this machine")  # fmt: skip
+                   help="also start W worker processes on this machine, each pinned to a core "
+                   "of its own where W <= the cores this process may use")  # fmt: skip
+    p.add_argument("--no-pin-workers", dest="pin_workers", action="store_false",
+                   help="leave the local workers to the scheduler (for a host shared with "
+                   "other runs)")  # fmt: skip
     p.add_argument(
         "--run-dir",
         default=os.environ.get("NEURO_RUN_DIR"),
@@ -390,6 +394,55 @@ def local_worker_args(worker_arg: list[str], count: int, inference_dtype: str) -
     return (*(("--device", "cpu") if cpu else ()), *worker_arg, "--give-up-after", "30")
 
 
+def _worker_cpus(args: argparse.Namespace, config: RunConfig) -> tuple[int, ...]:
+    """The local workers' CPUs (local_worker_cpus), none with --no-pin-workers."""
+    if not args.pin_workers:
+        return ()
+    return local_worker_cpus(
+        args.worker_arg, args.local_workers, config.inference_dtype, _allowed_cpus()
+    )
+
+
+def _allowed_cpus() -> list[int]:
+    """The CPUs this process may run on (none where the OS cannot pin)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+def local_worker_cpus(
+    worker_arg: list[str], count: int, inference_dtype: str, allowed: Sequence[int]
+) -> tuple[int, ...]:
+    """The logical CPU each of `count` local workers is pinned to (`--cpu`), or () for none.
+
+    Pinned: per-core CPU workers (see local_worker_args), one per physical core first (an SMT
+    sibling only after every core has one), when they fit in `allowed`. Not pinned: a worker
+    that may be the batched one (it uses every core), or one the user placed (--worker-arg
+    naming --device, --envs or --cpu)."""
+    per_core = count > 1 or inference_dtype != "float32"
+    placed = any(arg.split("=")[0] in ("--device", "--envs", "--cpu") for arg in worker_arg)
+    if not per_core or placed or not 0 < count <= len(allowed):
+        return ()
+    return tuple(sorted(allowed, key=lambda cpu: (_sibling_rank(cpu), cpu))[:count])
+
+
+def _sibling_rank(cpu: int) -> int:
+    """0 for the first hardware thread of its core, 1 for the next, ... (0 where unknown)."""
+    siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+    try:
+        listed = _cpu_list(siblings.read_text())
+    except (OSError, ValueError):
+        return 0
+    return listed.index(cpu) if cpu in listed else 0
+
+
+def _cpu_list(text: str) -> list[int]:
+    """A kernel CPU list ("0-3,8,10-11") as its CPUs, in order."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return sorted(cpus)
+
+
 def _serve(
     args: argparse.Namespace,
     config: RunConfig,
@@ -406,6 +459,7 @@ def _serve(
     options = start.RunOptions(
         local_workers=args.local_workers,
         worker_args=local_worker_args(args.worker_arg, args.local_workers, config.inference_dtype),
+        worker_cpus=_worker_cpus(args, config),
         out=None if args.quiet else sys.stdout,
         checkpoint_seconds=args.checkpoint_seconds,
         mirror=mirror,

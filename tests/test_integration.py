@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,10 @@ def test_one_command_trains_cartpole_to_the_threshold(tmp_path: Path, noise_cach
     done = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    if len(os.sched_getaffinity(0)) >= 2:  # two per-core workers, one CPU each
+        cpus = sorted(os.sched_getaffinity(0))
+        pinned = re.findall(r"worker local-\d+-\d+ pinned to CPU (\d+)", done.stderr)
+        assert len(set(pinned)) == 2 and {int(cpu) for cpu in pinned} <= set(cpus)
     records = read_metrics(run_dir / "metrics.jsonl")
     config = json.loads((run_dir / "config.json").read_text())
     ga = config["ga"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -65,6 +66,8 @@ class WorkerSettings:
     envs: int = 0
     """> 0: the batched worker, this many env slots of different individuals stepped together
     with one forward pass; 0: the per-genome worker (SlotRunner, --slots)."""
+    cpu: int | None = None
+    """The logical CPU every thread of this worker runs on (--cpu); None: the scheduler's."""
 
 
 def worker_parser() -> argparse.ArgumentParser:
@@ -120,6 +123,14 @@ def worker_parser() -> argparse.ArgumentParser:
         "onnxruntime "
         "(faster; the same numbers up to the order of sums) or torch; other nets and dtypes "
         "run on torch (env NEURO_INFERENCE_ENGINE; default onnxruntime where it is installed)",
+    )
+    parser.add_argument(
+        "--cpu",
+        type=int,
+        default=os.environ.get("NEURO_CPU"),
+        help="pin every thread of this worker to this logical CPU, as one worker per core "
+        "runs best: the emulator's thread and the forward pass then share one core's caches "
+        "(env NEURO_CPU; default: not pinned; neuro-master --local-workers pins its own)",
     )
     parser.add_argument(
         "--stats-file",
@@ -230,6 +241,8 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         except ValueError as error:
             parser.error(f"--device (or NEURO_DEVICE): {error}")
     envs = args.envs or (os.cpu_count() or 1 if device == "cuda" else 0)
+    if args.cpu is not None:
+        _check_cpu(parser, args.cpu, batched=envs > 0)
     return WorkerSettings(
         master=args.master,
         worker_id=args.worker_id,
@@ -250,7 +263,32 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         spot_poll_seconds=args.spot_poll_seconds,
         device=device,
         envs=envs,
+        cpu=args.cpu,
     )
+
+
+def _check_cpu(parser: argparse.ArgumentParser, cpu: int, batched: bool) -> None:
+    if batched:
+        parser.error(f"--cpu (or NEURO_CPU) {cpu}: the batched worker (--envs, or a CUDA "
+                     f"device) steps emulators on every core; pin per-core workers")  # fmt: skip
+    if not hasattr(os, "sched_setaffinity"):
+        parser.error(f"--cpu (or NEURO_CPU) {cpu}: pinning needs Linux (sched_setaffinity)")
+    allowed = sorted(os.sched_getaffinity(0))
+    if cpu not in allowed:
+        parser.error(f"--cpu (or NEURO_CPU) {cpu} is not a CPU this process may run on; "
+                     f"allowed: {', '.join(map(str, allowed))}")  # fmt: skip
+
+
+def pin_to_cpu(cpu: int) -> None:
+    """Pins every thread of this process to `cpu`; threads it starts later inherit that.
+
+    Why: ale-py's vector env steps the emulator in a thread of its own and hands each
+    observation to the caller's thread, which runs the forward pass. Left to the scheduler,
+    the two often sit on different cores, and every step crosses caches (and, in a VM, costs
+    a cross-CPU wake-up): docs/performance.md measures the difference."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.sched_setaffinity(int(tid), {cpu})
 
 
 def _read_token(parser: argparse.ArgumentParser, token_file: str | None) -> str | None:
@@ -274,6 +312,9 @@ def run_worker(settings: WorkerSettings) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s worker %(message)s"
     )
+    if settings.cpu is not None:
+        # Before the client starts its threads (gRPC, the emulators'): they inherit it.
+        pin_to_cpu(settings.cpu)
     client = _build_client(settings)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: client.stop())
@@ -283,6 +324,8 @@ def run_worker(settings: WorkerSettings) -> int:
         settings.master, "TLS" if settings.root_certificates else "plaintext",
         "token" if settings.token else "no token", allocator, settings.inference_engine,
     )  # fmt: skip
+    if settings.cpu is not None:
+        logging.info("worker %s pinned to CPU %d", client.worker_id, settings.cpu)
     if allocator == "system" and "LD_PRELOAD" not in os.environ and tcmalloc_installed():
         logging.info(
             "tcmalloc is installed but not preloaded: LD_PRELOAD=%s makes an Atari step a few "

@@ -249,65 +249,6 @@ def _exact_matmul(features: Any, rows: Any) -> Any:
     return total.float()
 
 
-def onnx_model(
-    net: QuantisedAtariNet,
-    strides: Sequence[int],
-    pads: Sequence[tuple[int, int, int, int]],
-    observation_shape: tuple[int, ...],
-) -> Any:
-    """The int8-static pass as an ONNX model: QLinearConv (u8 x s8, per-channel weights),
-    MatMulInteger, float32 output layer; its input is the uint8 observation."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    initializers: list[Any] = []
-    nodes: list[Any] = []
-
-    def constant(name: str, array: Any) -> str:
-        initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
-        return name
-
-    def node(op: str, inputs: list[str], output: str, **attributes: Any) -> str:
-        nodes.append(helper.make_node(op, inputs, [output], name=output, **attributes))
-        return output
-
-    x = "observation"
-    zero_u8 = constant("zero_u8", np.uint8(0))
-    for layer, (stride, (left, right, top, bottom)) in enumerate(zip(strides, pads, strict=True)):
-        name = f"conv{layer + 1}"
-        channels = len(net.conv_scales[layer])
-        inputs = [
-            x, constant(f"{name}.input_scale", np.float32(net.input_scales[layer])), zero_u8,
-            constant(f"{name}.integers", net.conv_integers[layer]),
-            constant(f"{name}.scales", net.conv_scales[layer]),
-            constant(f"{name}.zero_points", np.zeros(channels, np.int8)),
-            constant(f"{name}.output_scale", np.float32(net.output_scales[layer])), zero_u8,
-            constant(f"{name}.bias", net.conv_biases[layer]),
-        ]  # fmt: skip
-        # The output's zero point 0 and its clamp to [0, 255] are the ReLU.
-        x = node("QLinearConv", inputs, name, strides=[stride, stride],
-                 pads=[top, left, bottom, right])  # fmt: skip
-    x = node("Flatten", [x], "features", axis=1)
-    rows, _, bias = net.fc
-    sums = node("MatMulInteger", [x, constant("fc.integers", rows.T)], "fc_sums")
-    sums = node("Cast", [sums], "fc_sums_float", to=TensorProto.FLOAT)
-    scaled = node("Mul", [sums, constant("fc.multipliers", net.fc_multipliers())], "fc_scaled")
-    x = node("Relu", [node("Add", [scaled, constant("fc.bias", bias)], "fc")], "hidden")
-    weight, out_bias = net.out
-    node("Gemm", [x, constant("out.weight", weight), constant("out.bias", out_bias)], "logits",
-         transB=1)  # fmt: skip
-    graph = helper.make_graph(
-        nodes,
-        "atari_net_int8_static",
-        [helper.make_tensor_value_info(
-            "observation", TensorProto.UINT8, ["batch", *observation_shape])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", len(out_bias)])],
-        initializers,
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8  # what every onnxruntime of the last years reads
-    return model
-
-
 @functools.lru_cache(maxsize=8)
 def calibration_observations(env_id: str, dynamics: str) -> np.ndarray:
     """The frames an int8-static policy of this env is calibrated on: the env (its gymnasium
@@ -350,7 +291,9 @@ class StaticInt8Forward:
         self.observation_shape = observation_shape
         self.net: QuantisedAtariNet | None = None
         self._session: Any = None
-        self._single_input = np.zeros((1, *observation_shape), dtype=np.uint8)
+        self.blocks: Any = None
+        """onnxruntime: the ObservationBlocks its model takes (worker/static_int8_onnx.py)."""
+        self._single_input = np.zeros((1, 0), dtype=np.uint8)
         self._single: Any = None
         self._single_output = np.zeros((1, 0), dtype=np.float32)
 
@@ -372,12 +315,23 @@ class StaticInt8Forward:
             return
         from worker.onnx_forward import bind_single, session
 
-        model = onnx_model(self.net, self.calibrated.strides, self.calibrated.pads,
-                           self.observation_shape)  # fmt: skip
-        self._session = session(model)
+        self._session = session(self.onnx_model())
         self._single, self._single_output = bind_single(
             self._session, self._single_input, self._single_output, len(out[1])
         )
+
+    def onnx_model(self) -> Any:
+        """The loaded genome's ONNX model (worker/static_int8_onnx.py), over `self.blocks`."""
+        from worker.static_int8_onnx import ObservationBlocks, onnx_model
+
+        if self.net is None:
+            raise RuntimeError("load() a genome before building its model")
+        if self.blocks is None:
+            kernel = self.net.conv_integers[0].shape[-1]
+            stride, pad = self.calibrated.strides[0], self.calibrated.pads[0]
+            self.blocks = ObservationBlocks(self.observation_shape, kernel, stride, pad)
+            self._single_input = np.zeros((1, *self.blocks.shape), dtype=np.uint8)
+        return onnx_model(self.net, self.blocks, self.calibrated.strides, self.calibrated.pads)
 
     def __call__(self, observations: np.ndarray) -> np.ndarray:
         """(batch, n_actions) float32 logits of (batch, *observation_shape) uint8 observations."""
@@ -389,12 +343,11 @@ class StaticInt8Forward:
             )
         if self._session is None:
             return self.calibrated.logits(self.net, observations)
-        if observations.shape == self._single_input.shape:
-            np.copyto(self._single_input, observations)
+        if len(observations) == 1:
+            self.blocks(observations, out=self._single_input)
             self._session.run_with_iobinding(self._single)
             return self._single_output.copy()
-        batch = np.ascontiguousarray(observations)
-        return self._session.run(None, {"observation": batch})[0]
+        return self._session.run(None, {"observation": self.blocks(observations)})[0]
 
 
 def calibration_for(inference_dtype: str, env_id: str, dynamics: str) -> np.ndarray | None:

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 
 from neuro.allocator import worker_environment
 
@@ -15,7 +16,9 @@ log = logging.getLogger(__name__)
 
 
 class LocalWorkers:
-    """Starts `count` `python -m worker` processes and stops them with the run."""
+    """Starts `count` `python -m worker` processes and stops them with the run.
+
+    `cpus`: worker i is pinned to cpus[i] (neuro-worker --cpu); empty: none is pinned."""
 
     def __init__(
         self,
@@ -23,9 +26,13 @@ class LocalWorkers:
         count: int,
         extra_args: tuple[str, ...] = (),
         token: str | None = None,
+        cpus: Sequence[int] = (),
     ) -> None:
         if count < 0:
             raise ValueError(f"local worker count must be >= 0, got {count}")
+        if cpus and len(cpus) != count:
+            raise ValueError(f"{count} local workers need {count} CPUs to pin to, got {list(cpus)}")
+        self.cpus = tuple(cpus)
         self.address = address
         self.count = count
         self.extra_args = extra_args
@@ -46,6 +53,12 @@ class LocalWorkers:
         env = worker_environment(
             {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         )
+        # Each pinned worker gets its own --cpu; a NEURO_CPU of the master's environment would
+        # put every unpinned one on the same core.
+        env.pop("NEURO_CPU", None)
+        if self.cpus:
+            log.info("local workers pinned to CPUs %s (--no-pin-workers: not pinned)",
+                     ", ".join(map(str, self.cpus)))  # fmt: skip
         if self._token is not None:
             # Through the environment, not argv: any user on the host can read argv in ps.
             env["NEURO_TOKEN"] = self._token
@@ -53,7 +66,8 @@ class LocalWorkers:
         for index in range(self.count):
             command = [
                 sys.executable, "-m", "worker", "--master", self.address,
-                "--worker-id", f"local-{os.getpid()}-{index}", *self.extra_args,
+                "--worker-id", f"local-{os.getpid()}-{index}",
+                *(("--cpu", str(self.cpus[index])) if self.cpus else ()), *self.extra_args,
             ]  # fmt: skip
             self.processes.append(subprocess.Popen(command, env=env))
 

@@ -140,6 +140,8 @@ class RunOptions:
 
     local_workers: int = 0
     worker_args: tuple[str, ...] = ()
+    worker_cpus: tuple[int, ...] = ()
+    """The CPU each local worker is pinned to (--cpu); () leaves them to the scheduler."""
     out: TextIO | None = sys.stdout
     """Progress and notices go here; None: silent."""
     checkpoint_seconds: float = 30.0
@@ -345,7 +347,7 @@ async def _start_companions(
     host = serve.host
     connect_host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
     workers = LocalWorkers(f"{connect_host}:{master.port}", options.local_workers,
-                           options.worker_args, serve.token)  # fmt: skip
+                           options.worker_args, serve.token, options.worker_cpus)  # fmt: skip
     return _Companions(workers, metrics, syncer)
 
 
