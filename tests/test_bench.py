@@ -164,3 +164,16 @@ def test_inference_engine_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
     assert result["machine"]["onnxruntime"]
     for figures in result["agreement"].values():
         assert figures["steps"] == 30 and 0 <= figures["same_action"] <= 1
+
+
+def test_pinning_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
+    result = run_bench("pinning.py", "--steps", "20", "--rounds", "1",
+                       out=tmp_path / "pinning.json")  # fmt: skip
+    assert set(result["summary"]) == {"scheduler", "pinned"}
+    for figures in result["summary"].values():
+        assert figures["forward_ms"] > 0 and figures["emulator_ms"] > 0
+        assert figures["step_ms"] == pytest.approx(figures["forward_ms"] + figures["emulator_ms"])
+    assert result["pinned_over_scheduler"] == pytest.approx(
+        result["summary"]["pinned"]["step_ms"] / result["summary"]["scheduler"]["step_ms"]
+    )
+    assert result["settings"]["processes"] == 1 and len(result["rounds"]) == 1

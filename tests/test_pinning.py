@@ -14,7 +14,7 @@ from master.run.local_workers import LocalWorkers
 from tests.conftest import spawn_worker, stop_processes
 from tests.harness import live_master
 from tests.tiny import long_elite_tasks
-from worker.cli import worker_parser, worker_settings
+from worker.cli import cpu_ranges, worker_parser, worker_settings
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 
@@ -34,7 +34,7 @@ def test_a_worker_takes_a_cpu_it_may_run_on_and_refuses_others(capsys, monkeypat
         settings_of("--cpu", str(outside))
     error = capsys.readouterr().err
     assert f"--cpu (or NEURO_CPU) {outside} is not a CPU this process may run on" in error
-    assert f"allowed: {', '.join(map(str, ALLOWED))}" in error
+    assert f"allowed: {cpu_ranges(ALLOWED)}" in error
 
 
 def test_the_batched_worker_is_never_pinned(capsys):
@@ -77,8 +77,10 @@ def test_local_workers_take_one_thread_of_every_core_before_a_sibling(ranks, cpu
     assert len(set(local_worker_cpus([], 4, "float32", [0, 1, 2, 3]))) == 4
 
 
-def test_cpu_lists_read_as_the_kernel_writes_them():
+def test_cpu_lists_read_and_written_as_the_kernel_writes_them():
     assert _cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert cpu_ranges([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
+    assert cpu_ranges([5]) == "5" and cpu_ranges([]) == ""
     assert _cpu_list("5") == [5]
     with pytest.raises(ValueError):
         _cpu_list("a-b")

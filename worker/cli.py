@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -273,10 +273,21 @@ def _check_cpu(parser: argparse.ArgumentParser, cpu: int, batched: bool) -> None
                      f"device) steps emulators on every core; pin per-core workers")  # fmt: skip
     if not hasattr(os, "sched_setaffinity"):
         parser.error(f"--cpu (or NEURO_CPU) {cpu}: pinning needs Linux (sched_setaffinity)")
-    allowed = sorted(os.sched_getaffinity(0))
+    allowed = os.sched_getaffinity(0)
     if cpu not in allowed:
         parser.error(f"--cpu (or NEURO_CPU) {cpu} is not a CPU this process may run on; "
-                     f"allowed: {', '.join(map(str, allowed))}")  # fmt: skip
+                     f"allowed: {cpu_ranges(allowed)}")  # fmt: skip
+
+
+def cpu_ranges(cpus: Iterable[int]) -> str:
+    """CPUs as the kernel lists them: "0-3,8,10-11"."""
+    ranges: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 def pin_to_cpu(cpu: int) -> None:
@@ -286,9 +297,13 @@ def pin_to_cpu(cpu: int) -> None:
     observation to the caller's thread, which runs the forward pass. Left to the scheduler,
     the two often sit on different cores, and every step crosses caches (and, in a VM, costs
     a cross-CPU wake-up): docs/performance.md measures the difference."""
-    for tid in os.listdir("/proc/self/task"):
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: this thread, which has started no other yet
+        threads = [0]
+    for tid in threads:
         with contextlib.suppress(ProcessLookupError):  # a thread that just ended
-            os.sched_setaffinity(int(tid), {cpu})
+            os.sched_setaffinity(tid, {cpu})
 
 
 def _read_token(parser: argparse.ArgumentParser, token_file: str | None) -> str | None:
