@@ -32,9 +32,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from worker.static_int8_onnx import ObservationBlocks
 
 STATIC_INT8 = "int8-static"
 WEIGHT_LEVELS = 63
@@ -291,8 +294,8 @@ class StaticInt8Forward:
         self.observation_shape = observation_shape
         self.net: QuantisedAtariNet | None = None
         self._session: Any = None
-        self.blocks: Any = None
-        """onnxruntime: the ObservationBlocks its model takes (worker/static_int8_onnx.py)."""
+        self.blocks: ObservationBlocks | None = None
+        """onnxruntime: the blocks of the observation its model takes."""
         self._single_input = np.zeros((1, 0), dtype=np.uint8)
         self._single: Any = None
         self._single_output = np.zeros((1, 0), dtype=np.float32)
