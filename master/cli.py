@@ -33,6 +33,7 @@ from master.config import (
     inspect_env_id,
     preset,
 )
+from neuro.cpus import parse_cpu_list
 
 if TYPE_CHECKING:
     from master.run.s3_mirror import RunDirMirror
@@ -390,8 +391,14 @@ def local_worker_args(worker_arg: list[str], count: int, inference_dtype: str) -
     another dtype cannot use the batched worker: both stay on the per-genome CPU path, unless
     --worker-arg names a device (later arguments win).
     """
-    cpu = count > 1 or inference_dtype != "float32"
+    cpu = _per_core_workers(count, inference_dtype)
     return (*(("--device", "cpu") if cpu else ()), *worker_arg, "--give-up-after", "30")
+
+
+def _per_core_workers(count: int, inference_dtype: str) -> bool:
+    """Whether local workers are per-core CPU workers; else one float32 worker, which a CUDA
+    host makes its batched worker."""
+    return count > 1 or inference_dtype != "float32"
 
 
 def _worker_cpus(args: argparse.Namespace, config: RunConfig) -> tuple[int, ...]:
@@ -417,7 +424,7 @@ def local_worker_cpus(
     sibling only after every core has one), when they fit in `allowed`. Not pinned: a worker
     that may be the batched one (it uses every core), or one the user placed (--worker-arg
     naming --device, --envs or --cpu)."""
-    per_core = count > 1 or inference_dtype != "float32"
+    per_core = _per_core_workers(count, inference_dtype)
     placed = any(arg.split("=")[0] in ("--device", "--envs", "--cpu") for arg in worker_arg)
     if not per_core or placed or not 0 < count <= len(allowed):
         return ()
@@ -428,19 +435,10 @@ def _sibling_rank(cpu: int) -> int:
     """0 for the first hardware thread of its core, 1 for the next, ... (0 where unknown)."""
     siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
     try:
-        listed = _cpu_list(siblings.read_text())
+        listed = parse_cpu_list(siblings.read_text())
     except (OSError, ValueError):
         return 0
     return listed.index(cpu) if cpu in listed else 0
-
-
-def _cpu_list(text: str) -> list[int]:
-    """A kernel CPU list ("0-3,8,10-11") as its CPUs, in order."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        first, _, last = part.partition("-")
-        cpus.extend(range(int(first), int(last or first) + 1))
-    return sorted(cpus)
 
 
 def _serve(

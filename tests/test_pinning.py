@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from master.cli import _cpu_list, local_worker_cpus
+from master.cli import local_worker_cpus
 from master.run.local_workers import LocalWorkers
+from neuro.cpus import format_cpu_list, parse_cpu_list
 from tests.conftest import spawn_worker, stop_processes
 from tests.harness import live_master
 from tests.tiny import long_elite_tasks
-from worker.cli import cpu_ranges, worker_parser, worker_settings
+from worker.cli import worker_parser, worker_settings
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 
@@ -34,7 +35,7 @@ def test_a_worker_takes_a_cpu_it_may_run_on_and_refuses_others(capsys, monkeypat
         settings_of("--cpu", str(outside))
     error = capsys.readouterr().err
     assert f"--cpu (or NEURO_CPU) {outside} is not a CPU this process may run on" in error
-    assert f"allowed: {cpu_ranges(ALLOWED)}" in error
+    assert f"allowed: {format_cpu_list(ALLOWED)}" in error
 
 
 def test_the_batched_worker_is_never_pinned(capsys):
@@ -78,12 +79,12 @@ def test_local_workers_take_one_thread_of_every_core_before_a_sibling(ranks, cpu
 
 
 def test_cpu_lists_read_and_written_as_the_kernel_writes_them():
-    assert _cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
-    assert cpu_ranges([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
-    assert cpu_ranges([5]) == "5" and cpu_ranges([]) == ""
-    assert _cpu_list("5") == [5]
+    assert parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert format_cpu_list([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
+    assert format_cpu_list([5]) == "5" and format_cpu_list([]) == ""
+    assert parse_cpu_list("5") == [5]
     with pytest.raises(ValueError):
-        _cpu_list("a-b")
+        parse_cpu_list("a-b")
 
 
 def test_local_workers_start_with_their_cpus_and_without_the_masters_neuro_cpu(monkeypatch):

@@ -11,12 +11,13 @@ import signal
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuro.allocator import TCMALLOC, tcmalloc_installed, this_process_allocator
+from neuro.cpus import format_cpu_list
 from neuro.wire import DEFAULT_MASTER, load_token
 from worker.envs import ATARI_ENGINES, DEFAULT_ATARI_ENGINE
 from worker.onnx_forward import check_inference_engine, default_inference_engine
@@ -276,18 +277,7 @@ def _check_cpu(parser: argparse.ArgumentParser, cpu: int, batched: bool) -> None
     allowed = os.sched_getaffinity(0)
     if cpu not in allowed:
         parser.error(f"--cpu (or NEURO_CPU) {cpu} is not a CPU this process may run on; "
-                     f"allowed: {cpu_ranges(allowed)}")  # fmt: skip
-
-
-def cpu_ranges(cpus: Iterable[int]) -> str:
-    """CPUs as the kernel lists them: "0-3,8,10-11"."""
-    ranges: list[list[int]] = []
-    for cpu in sorted(cpus):
-        if ranges and cpu == ranges[-1][1] + 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+                     f"allowed: {format_cpu_list(allowed)}")  # fmt: skip
 
 
 def pin_to_cpu(cpu: int) -> None:

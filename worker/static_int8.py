@@ -317,7 +317,13 @@ class StaticInt8Forward:
         if self.engine != "onnxruntime":
             return
         from worker.onnx_forward import bind_single, session
+        from worker.static_int8_onnx import ObservationBlocks
 
+        if self.blocks is None:  # the first load: the blocks' shape is conv1's, fixed per policy
+            kernel = self.net.conv_integers[0].shape[-1]
+            stride, pad = self.calibrated.strides[0], self.calibrated.pads[0]
+            self.blocks = ObservationBlocks(self.observation_shape, kernel, stride, pad)
+            self._single_input = np.zeros((1, *self.blocks.shape), dtype=np.uint8)
         self._session = session(self.onnx_model())
         self._single, self._single_output = bind_single(
             self._session, self._single_input, self._single_output, len(out[1])
@@ -325,15 +331,10 @@ class StaticInt8Forward:
 
     def onnx_model(self) -> Any:
         """The loaded genome's ONNX model (worker/static_int8_onnx.py), over `self.blocks`."""
-        from worker.static_int8_onnx import ObservationBlocks, onnx_model
+        from worker.static_int8_onnx import onnx_model
 
-        if self.net is None:
-            raise RuntimeError("load() a genome before building its model")
-        if self.blocks is None:
-            kernel = self.net.conv_integers[0].shape[-1]
-            stride, pad = self.calibrated.strides[0], self.calibrated.pads[0]
-            self.blocks = ObservationBlocks(self.observation_shape, kernel, stride, pad)
-            self._single_input = np.zeros((1, *self.blocks.shape), dtype=np.uint8)
+        if self.net is None or self.blocks is None:
+            raise RuntimeError("load() a genome on onnxruntime before building its model")
         return onnx_model(self.net, self.blocks, self.calibrated.strides, self.calibrated.pads)
 
     def __call__(self, observations: np.ndarray) -> np.ndarray:
