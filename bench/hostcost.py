@@ -156,7 +156,9 @@ def emulator(engine: str, env_id: str, processes: int, seconds: float, num_envs:
 
 
 def _bandwidth_and_peak(megabytes: int, matrix: int, dtypes: list[str]) -> dict:
-    """Copy bandwidth (numpy, read + write) and single-thread matmul peak (torch.mm)."""
+    """Copy bandwidth (numpy, read + write), one core's read bandwidth (a sum over the same
+    buffer: what a pass whose weights are not in cache streams them at) and single-thread
+    matmul peak (torch.mm)."""
     pin_to(0)
     import numpy as np
     import torch
@@ -171,11 +173,18 @@ def _bandwidth_and_peak(megabytes: int, matrix: int, dtypes: list[str]) -> dict:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - t)
     bandwidth = 2 * n * 8 / best
+    words = src.view(np.uint64)
+    best = math.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        words.sum()
+        best = min(best, time.perf_counter() - t)
+    read_bandwidth = n * 8 / best
     peak: dict[str, float | None] = {}
     for dtype in dtypes:
         peak[dtype] = _matmul_peak(torch, matrix, dtype)
-    return {"copy_bytes": n * 8, "bytes_per_s": bandwidth, "matrix": matrix,
-            "peak_flop_per_s": peak}  # fmt: skip
+    return {"copy_bytes": n * 8, "bytes_per_s": bandwidth, "read_bytes_per_s": read_bandwidth,
+            "matrix": matrix, "peak_flop_per_s": peak}  # fmt: skip
 
 
 def _matmul_peak(torch: Any, size: int, dtype: str) -> float | None:

@@ -375,7 +375,10 @@ def core_hours(mix: dict | None, price: float) -> dict | None:
 
 
 def floor(ceiling: dict, host: dict, forward: dict, training: dict) -> dict:
-    """Emulator ms per step (C++) + max(bytes / bandwidth, FLOPs / peak), vs the measured step."""
+    """Emulator ms per step (C++) + max(bytes / bandwidth, FLOPs / peak), vs the measured step.
+
+    Loaded (every pass's weights from memory): the bytes at one core's read bandwidth, against
+    the offspring step plus the loaded pass's measured extra (as the paper mix adds it)."""
     peaks = host["peak_flop_per_s"]
     memory_ms = forward["bytes_per_forward"] / host["bytes_per_s"] * 1e3
     # Each layer at the peak of the dtype it computes in (int8: dense layers int8, convolutions
@@ -390,6 +393,13 @@ def floor(ceiling: dict, host: dict, forward: dict, training: dict) -> dict:
     forward_floor = max(memory_ms, compute_ms)
     step_floor = ceiling["ms_per_env_step"] + forward_floor
     offspring = training["phases"].get("offspring", {}).get("ms_per_step_per_core")
+    read = host.get("read_bytes_per_s")  # absent from results older than the read figure
+    loaded_memory_ms = forward["bytes_per_forward"] / read * 1e3 if read else None
+    loaded_step_floor = loaded_offspring = None
+    if loaded_memory_ms is not None:
+        loaded_step_floor = ceiling["ms_per_env_step"] + max(loaded_memory_ms, compute_ms)
+    if offspring:
+        loaded_offspring = offspring + max(0.0, forward["loaded_ms"] - forward["idle_ms"])
     return {
         "emulator_ms_per_step": ceiling["ms_per_env_step"],
         "forward_memory_ms": memory_ms,
@@ -401,6 +411,12 @@ def floor(ceiling: dict, host: dict, forward: dict, training: dict) -> dict:
         "floor_over_offspring_measured": step_floor / offspring if offspring else None,
         "idle_forward_over_floor": forward["idle_ms"] / forward_floor,
         "loaded_forward_over_floor": forward["loaded_ms"] / forward_floor,
+        "forward_loaded_memory_ms": loaded_memory_ms,
+        "loaded_step_floor_ms": loaded_step_floor,
+        "offspring_loaded_ms_per_step": loaded_offspring,
+        "loaded_floor_over_offspring_loaded": (
+            loaded_step_floor / loaded_offspring if loaded_step_floor and loaded_offspring else None
+        ),
     }
 
 

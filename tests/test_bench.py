@@ -102,6 +102,10 @@ def test_throughput_benchmark_at_a_tiny_size(tmp_path: Path, noise_cache: Path) 
             hours * result["price"]["usd_per_vcpu_hour"]
         )
     assert run["floor"]["step_floor_ms"] > run["floor"]["emulator_ms_per_step"] > 0
+    assert result["host"]["read_bytes_per_s"] > 0
+    assert run["floor"]["loaded_step_floor_ms"] > run["floor"]["emulator_ms_per_step"]
+    offspring_ms = phases["offspring"]["ms_per_step_per_core"]
+    assert run["floor"]["offspring_loaded_ms_per_step"] >= offspring_ms
     parts = {"env", "forward", "decode", "wait", "reset", "other"}
     assert set(training["breakdown"]["ms_per_step"]) == parts
     assert training["breakdown"]["ms_per_step"]["reset"] > 0  # every task starts seeded
@@ -150,6 +154,15 @@ def test_the_floor_prices_no_dtype_below_float32_and_int8_on_the_workers_kernel(
     result = floor({"ms_per_env_step": 0.5}, host, forward, training)
     assert result["forward_compute_ms"] == pytest.approx(10.0)  # at float32's 1e11, not 1e8
     assert result["forward_bound"] == "compute" and result["step_floor_ms"] == pytest.approx(10.5)
+    # Loaded: the bytes at the read bandwidth where that is the slower, and the loaded pass's
+    # extra on top of the measured offspring step.
+    host["read_bytes_per_s"] = 1e5  # 1,000 bytes: 10 ms, the same as the compute floor
+    forward["bytes_per_forward"] = 2_000
+    result = floor({"ms_per_env_step": 0.5}, host, forward, training)
+    assert result["forward_loaded_memory_ms"] == pytest.approx(20.0)
+    assert result["loaded_step_floor_ms"] == pytest.approx(20.5)
+    assert result["offspring_loaded_ms_per_step"] == pytest.approx(17.0)
+    assert result["loaded_floor_over_offspring_loaded"] == pytest.approx(20.5 / 17.0)
 
 
 def test_inference_engine_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
