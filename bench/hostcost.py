@@ -238,12 +238,12 @@ def dtype_support() -> dict[str, Any]:
     AVX2, bfloat16 convolutions run as float32 ones on bfloat16 values)."""
     import torch
 
-    from worker import policies
+    from worker import atari_net, policies
 
     parameters = inspect.signature(policies.build_policy).parameters
     keyword = next((k for k in ("inference_dtype", "dtype") if k in parameters), None)
     dtypes = list(getattr(policies, "INFERENCE_DTYPES", ("float32",))) if keyword else ["float32"]
-    fused = getattr(policies, "_FUSED_CONV_DTYPES", None)
+    fused = getattr(atari_net, "FUSED_CONV_DTYPES", None)
     return {
         "keyword": keyword,
         "dtypes": dtypes,

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-import worker.policies as policies_module
 from master.config import RunConfig
 from master.run.start import resume_config, task_template
 from neuro.genome import Genome
@@ -21,7 +20,7 @@ from neuro.v1 import evolution_pb2 as pb
 from tests.conftest import REPO, worker_env
 from tests.test_bench import run_bench
 from tests.tiny import LOCAL_CARTPOLE_ARGS, tiny_cartpole
-from worker import evaluate_policy, load_genome_file
+from worker import atari_net, evaluate_policy, load_genome_file
 from worker.client import spec_from_task
 from worker.evaluator import EvaluationSpec, Evaluator
 from worker.limits import check_spec
@@ -186,7 +185,7 @@ def test_int8_reads_a_quarter_of_the_dense_bytes() -> None:
     dense = 7744 * 512 + 8 * 512
     output = 512 * 18 + 18
     convolutions = 4_052_658 - (7744 * 512 + 512) - output
-    emulated = policies_module._bfloat16_convolutions_emulated()
+    emulated = atari_net.bfloat16_convolutions_emulated()
     assert sizes["int8"] < sizes["bfloat16"] < sizes["float32"]
     assert sizes["int8"] == dense + (4 if emulated else 2) * convolutions + 4 * output
 
@@ -218,7 +217,7 @@ def test_the_reordered_int8_dense_layer_computes_what_the_plain_order_does(
     """The int8 dense layer takes its columns in the channels-last conv output's order, so the
     flatten before it is a view: per-row scales, the input's range and int32 sums do not
     depend on the column order, so the outputs are those of the plain order bit for bit."""
-    from worker.policies import _Int8Linear
+    from worker.atari_net import Int8Linear
 
     policy = build_policy(
         architecture, ATARI_OBS, gym.spaces.Discrete(18), inference_dtype="int8",
@@ -230,7 +229,7 @@ def test_the_reordered_int8_dense_layer_computes_what_the_plain_order_does(
     )
     net = policy._inference_module
     assert net.fc_input_nhwc and net.fc.fused_relu
-    plain = _Int8Linear(net.fc.in_features, net.fc.out_features, relu=True)
+    plain = Int8Linear(net.fc.in_features, net.fc.out_features, relu=True)
     plain.pack(policy.module.fc.weight, policy.module.fc.bias)
     conv_output = torch.from_numpy(np.abs(rng.standard_normal((3, *net.conv_output_shape))))
     conv_output = conv_output.float().contiguous(memory_format=torch.channels_last)

@@ -163,7 +163,7 @@ def test_the_int8_rows_are_torchs_integers_and_scales() -> None:
     """The onnxruntime engine quantises the dense layer in numpy: the same integers and row
     scales as torch's quantize_per_channel (what the torch engine packs), over weights of
     many magnitudes, an all-zero row and denormal-sized ones."""
-    from worker.policies import _int8_rows, _int8_rows_numpy
+    from worker.atari_net import int8_rows, int8_rows_numpy
 
     rng = np.random.default_rng(4)
     for magnitude in (1e-4, 1e-2, 1.0, 30.0):
@@ -171,8 +171,8 @@ def test_the_int8_rows_are_torchs_integers_and_scales() -> None:
         weight[3] = 0.0
         weight[5, :10] = np.float32(1e-30)
         weight[7, 0] = 127 * magnitude  # an exact tie of w / scale at the row's maximum
-        quantised, scales = _int8_rows(torch.from_numpy(weight))
-        integers, numpy_scales = _int8_rows_numpy(weight)
+        quantised, scales = int8_rows(torch.from_numpy(weight))
+        integers, numpy_scales = int8_rows_numpy(weight)
         assert np.array_equal(integers, quantised.int_repr().numpy())
         assert np.array_equal(numpy_scales, scales.numpy())
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import worker.policies as policies_module
+from worker import atari_net
 from worker.policies import build_policy
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -195,8 +195,8 @@ def test_packed_convolutions_compute_what_the_plain_network_does(arch):
     rounding, same actions, and each row the same whatever batch it is in."""
     policy = _atari(arch, engine="torch")
     policy.load_parameters(_random_params(policy, seed=4) * policy.init_scale() * 20)
-    if torch.float32 in policies_module._FUSED_CONV_DTYPES:
-        assert isinstance(policy._inference_module.conv2, policies_module._FusedConv2dReLU)
+    if torch.float32 in atari_net.FUSED_CONV_DTYPES:
+        assert isinstance(policy._inference_module.conv2, atari_net.FusedConv2dReLU)
     obs = np.random.default_rng(6).integers(0, 256, (8, *ATARI_OBS.shape), dtype=np.uint8)
     with torch.inference_mode():
         plain = policy.module(torch.from_numpy(obs))
@@ -215,7 +215,7 @@ def test_packed_convolutions_compute_what_the_plain_network_does(arch):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("arch", ["deepga", "nature"])
 def test_the_bound_forward_pass_is_the_modules_bit_for_bit(arch, dtype):
-    """act_batch runs the inference module's pass bound into one function (_bound_forward):
+    """act_batch runs the inference module's pass bound into one function (bound_forward):
     the same ops on the same weights, so the same bits, for every load and batch size."""
     policy = build_policy(
         arch, ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype, inference_engine="torch"
@@ -223,7 +223,7 @@ def test_the_bound_forward_pass_is_the_modules_bit_for_bit(arch, dtype):
     rng = np.random.default_rng(9)
     for genome in range(2):
         policy.load_parameters(_random_params(policy, seed=genome) * policy.init_scale() * 20)
-        if torch.float32 in policies_module._FUSED_CONV_DTYPES:
+        if torch.float32 in atari_net.FUSED_CONV_DTYPES:
             assert policy._forward is not policy._inference_module
         for batch in (1, 3):
             obs = torch.from_numpy(rng.integers(0, 256, (batch, *ATARI_OBS.shape), np.uint8))
@@ -272,12 +272,12 @@ def test_bfloat16_convolutions_emulated_on_float32_ones_compute_what_bfloat16_on
         return build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype,
                             inference_engine="torch")  # fmt: skip
 
-    monkeypatch.setattr(policies_module, "_FUSED_CONV_DTYPES", frozenset({torch.float32}))
+    monkeypatch.setattr(atari_net, "FUSED_CONV_DTYPES", frozenset({torch.float32}))
     emulated = on_torch()
-    monkeypatch.setattr(policies_module, "_FUSED_CONV_DTYPES", frozenset())
+    monkeypatch.setattr(atari_net, "FUSED_CONV_DTYPES", frozenset())
     plain = on_torch()
     conv2 = emulated._inference_module.conv2
-    assert isinstance(conv2, policies_module._FusedConv2dReLU)
+    assert isinstance(conv2, atari_net.FusedConv2dReLU)
     assert conv2.output_dtype == torch.bfloat16 and conv2.weight.dtype == torch.float32
     assert plain._inference_module.conv2.weight.dtype == torch.bfloat16
     rng = np.random.default_rng(12)
@@ -305,13 +305,13 @@ def test_bfloat16_convolutions_emulated_on_float32_ones_compute_what_bfloat16_on
 
 
 def test_bfloat16_on_a_cpu_without_it_says_int8_is_faster(monkeypatch, caplog):
-    monkeypatch.setattr(policies_module, "_FUSED_CONV_DTYPES", frozenset({torch.float32}))
-    policies_module._warn_if_bfloat16_is_slow.cache_clear()
-    with caplog.at_level("WARNING", logger="worker.policies"):
+    monkeypatch.setattr(atari_net, "FUSED_CONV_DTYPES", frozenset({torch.float32}))
+    atari_net.warn_if_bfloat16_is_slow.cache_clear()
+    with caplog.at_level("WARNING", logger="worker.atari_net"):
         build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype="int8")
         assert not caplog.records
         for _ in range(2):
             build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype="bfloat16")
     assert len(caplog.records) == 1  # once per process
     assert "bfloat16" in caplog.text and "int8 is the faster choice" in caplog.text
-    policies_module._warn_if_bfloat16_is_slow.cache_clear()
+    atari_net.warn_if_bfloat16_is_slow.cache_clear()

@@ -14,9 +14,10 @@ actions the same):
 - float32: the torch pass's layers and weights (conv1's scaled by 1/255), in float32.
 - int8: the convolutions on bfloat16 values (weights, biases and each ReLU output rounded to
   bfloat16 and back, as the torch pass does on a CPU without bfloat16 convolutions); the
-  dense layer on the same int8 integers and row scales as _Int8Linear, its input quantised
-  per observation to 7 bits over [0, max] (what fbgemm's dynamic quantisation does with
-  reduce_range: a ReLU output has no negatives), summed in int32, then scaled to float32.
+  dense layer on the same int8 integers and row scales as Int8Linear (worker/atari_net.py),
+  its input quantised per observation to 7 bits over [0, max] (what fbgemm's dynamic
+  quantisation does with reduce_range: a ReLU output has no negatives), summed in int32, then
+  scaled to float32.
 bfloat16 has no engine here (ONNX Runtime has no bfloat16 convolution on CPU): its policies
 run on torch.
 """
