@@ -167,19 +167,8 @@ def _bandwidth_and_peak(megabytes: int, matrix: int, dtypes: list[str]) -> dict:
     n = megabytes * 2**20 // 8
     src, dst = np.ones(n), np.empty(n)
     np.copyto(dst, src)  # touch every page first: faults are not bandwidth
-    best = math.inf
-    for _ in range(5):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t)
-    bandwidth = 2 * n * 8 / best
-    words = src.view(np.uint64)
-    best = math.inf
-    for _ in range(5):
-        t = time.perf_counter()
-        words.sum()
-        best = min(best, time.perf_counter() - t)
-    read_bandwidth = n * 8 / best
+    bandwidth = 2 * n * 8 / _best_seconds(lambda: np.copyto(dst, src))
+    read_bandwidth = n * 8 / _best_seconds(src.view(np.uint64).sum)
     peak: dict[str, float | None] = {}
     for dtype in dtypes:
         peak[dtype] = _matmul_peak(torch, matrix, dtype)
@@ -210,14 +199,20 @@ def _matmul_peak(torch: Any, size: int, dtype: str) -> float | None:
             mm = torch.mm
         b = a.clone()
         mm(a, b)
-        best = math.inf
-        for _ in range(5):
-            t = time.perf_counter()
-            mm(a, b)
-            best = min(best, time.perf_counter() - t)
+        best = _best_seconds(lambda: mm(a, b))
     except (RuntimeError, AttributeError, TypeError):
         return None
     return 2 * size**3 / best
+
+
+def _best_seconds(fn: Any, repeats: int = 5) -> float:
+    """The fastest of `repeats` timed calls of fn (the least disturbed by the rest of the host)."""
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def bandwidth_and_peak(megabytes: int, matrix: int, dtypes: list[str]) -> dict:

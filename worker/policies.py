@@ -201,6 +201,8 @@ class Policy:
             # takes its columns in the channels-last conv output's order (no flatten copy).
             module.raw_input = True
             module.fc_input_nhwc = dtype != "float32"
+            # Read through the module, not imported: what this host packs is probed once
+            # there, and tests stand in another answer for it.
             if conv_dtype in atari_net.FUSED_CONV_DTYPES or emulated:
                 conv_input_sizes = dict(
                     zip(("conv1", "conv2", "conv3"), module.conv_input_sizes, strict=True)
