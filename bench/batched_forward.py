@@ -3,8 +3,8 @@
 Each row of a batch is played by its own individual (B distinct weight sets of one network,
 float32). Three ways to compute the step, all from the same stacked weights on one device:
 
-- grouped: worker.batched.BatchedPolicies (one grouped conv per conv layer, groups=B, and one
-  baddbmm per dense layer);
+- grouped: the batched runner's engine, BatchedPolicies (one grouped conv per conv layer,
+  groups=B, and one baddbmm per dense layer);
 - loop: one ordinary forward per individual (F.conv2d / F.linear with that slot's weights, as
   Policy's network computes it), B forwards in a row;
 - vmap: torch.func.vmap of that single forward, each row's weights gathered from its slot.
@@ -33,9 +33,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.func import vmap  # noqa: E402
 
-from neuro.layout import ARCHITECTURES, ATARI_CONVS  # noqa: E402
-from worker.batched import BatchedPolicies, strict_float32  # noqa: E402
-from worker.policies import Policy, build_policy  # noqa: E402
+from neuro.inference import ARCHITECTURES  # noqa: E402
+from neuro.layout import ATARI_CONVS, atari_conv_pads  # noqa: E402
+from worker.inference.engines.torch_grouped.grouped import BatchedPolicies, strict_float32  # noqa: E402
+from worker.inference.policy import Policy, build_policy  # noqa: E402
 
 METHODS = ("grouped", "loop", "vmap")
 
@@ -68,7 +69,7 @@ def single_forward(
             return F.linear(x, params[-2], params[-1])
 
         return mlp
-    pads = policy.module.pads
+    pads = atari_conv_pads(arch)
     strides = [stride for _, _, stride in ATARI_CONVS]
 
     def atari(params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
         obs_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     policy = build_policy(args.arch, obs_space, gym.spaces.Discrete(18))
     capacity = max(args.batches)
-    batched = BatchedPolicies(policy, capacity, device)
+    batched = BatchedPolicies(policy.spec, capacity, device)
     rng = np.random.default_rng(0)
     scale = policy.init_scale()
     for slot in range(capacity):

@@ -41,7 +41,7 @@ def _worker_memory(args: tuple) -> dict:
     from neuro.decode import GenomeDecoder
     from neuro.noise import NoiseTableSpec, load_noise_table
     from neuro.shared_store import SharedVectorStore
-    from worker.policies import build_policy
+    from worker.inference.policy import build_policy
 
     space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     policy = build_policy(policy_name, space, gym.spaces.Discrete(18))
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from neuro.decode import GenomeDecoder, decode_genome
     from neuro.noise import NoiseTableSpec, load_noise_table
-    from worker.policies import build_policy
+    from worker.inference.policy import build_policy
 
     torch.set_num_threads(1)
     if args.policy == "mlp":

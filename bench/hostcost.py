@@ -228,17 +228,19 @@ def in_child(fn: Any, *args: Any) -> Any:
 
 
 def dtype_support() -> dict[str, Any]:
-    """Whether worker.policies.build_policy takes an inference dtype, and which ones; the
-    CPU's vector ISA as torch uses it, and which convolution dtypes oneDNN packs on it (on
-    AVX2, bfloat16 convolutions run as float32 ones on bfloat16 values)."""
+    """Whether build_policy takes an inference dtype, and which ones; the CPU's vector ISA as
+    torch uses it, and which convolution dtypes oneDNN packs on it (on AVX2, bfloat16
+    convolutions run as float32 ones on bfloat16 values)."""
     import torch
 
-    from worker import atari_net, policies
+    from neuro.inference import INFERENCE_DTYPES
+    from worker.inference import policy
+    from worker.inference.engines.torch_cpu import layers
 
-    parameters = inspect.signature(policies.build_policy).parameters
+    parameters = inspect.signature(policy.build_policy).parameters
     keyword = next((k for k in ("inference_dtype", "dtype") if k in parameters), None)
-    dtypes = list(getattr(policies, "INFERENCE_DTYPES", ("float32",))) if keyword else ["float32"]
-    fused = getattr(atari_net, "FUSED_CONV_DTYPES", None)
+    dtypes = list(INFERENCE_DTYPES) if keyword else ["float32"]
+    fused = getattr(layers, "FUSED_CONV_DTYPES", None)
     return {
         "keyword": keyword,
         "dtypes": dtypes,
@@ -254,22 +256,23 @@ def _build(architecture: str, dtype: str, keyword: str | None, engine: str | Non
     import gymnasium as gym
     import numpy as np
 
-    from worker.policies import build_policy
+    from worker.inference.policy import build_policy
 
     space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     extra: dict[str, Any] = {keyword: dtype} if keyword else {}
     if engine is not None:
         extra["inference_engine"] = engine
     if dtype == "int8-static":
-        from worker.static_int8 import calibration_observations
+        from worker.evaluation.calibration import calibration_observations
 
         extra["calibration"] = calibration_observations(env_id, "paper")
     return build_policy(architecture, space, gym.spaces.Discrete(18), **extra)
 
 
 def _inference_module(policy: Any) -> Any:
-    """The module a forward pass runs (a reduced-precision copy where the policy keeps one)."""
-    return getattr(policy, "_inference_module", None) or policy.module
+    """The torch module a torch-engine pass runs (a reduced-precision copy where it keeps
+    one)."""
+    return policy.forward.inference_module
 
 
 def _forward_costs(architecture: str, dtype: str, keyword: str | None, sets: int,
@@ -281,12 +284,7 @@ def _forward_costs(architecture: str, dtype: str, keyword: str | None, sets: int
 
     torch.set_num_threads(1)
     first = _build(architecture, dtype, keyword)
-    if hasattr(first, "weight_bytes_per_forward"):
-        weight_bytes = first.weight_bytes_per_forward()
-    else:  # a worker from before the method
-        module = _inference_module(first)
-        tensors = [*module.parameters(), *module.buffers()]
-        weight_bytes = sum(t.numel() * t.element_size() for t in tensors) or first.num_params * 4
+    weight_bytes = first.weight_bytes_per_forward()
     if l3_bytes:  # enough sets that together they are at least 4x the L3
         sets = max(sets, math.ceil(4 * l3_bytes / weight_bytes))
     policies = [first, *(_build(architecture, dtype, keyword) for _ in range(sets - 1))]
@@ -314,22 +312,24 @@ def _forward_costs(architecture: str, dtype: str, keyword: str | None, sets: int
     for _ in range(max(1, repeats // 4)):
         first.act_batch(batch8)
     batch8_ms = (time.perf_counter() - t) / max(1, repeats // 4) / 8 * 1e3
-    engine = getattr(first, "inference_engine", "torch")
+    engine = first.inference_engine
+    static = dtype == "int8-static"
+    # The arithmetic is counted on the torch engine's modules (int8-static's pass runs past
+    # any module: its float32 net's shapes, every layer but the output one in integers).
+    on_torch = _build(architecture, "float32" if static else dtype, keyword, "torch")
+    on_torch.load_parameters(np.array(first.flat_parameters))
     if engine == "torch":
         # int8-static's torch pass runs past the modules, where no hook times a layer.
-        static = dtype == "int8-static"
-        on_torch, layer_ms = first, ({} if static else _layer_ms(first, obs, repeats))
-    else:  # the same arithmetic, counted on torch's modules; the time is the engine's own
-        on_torch = _build(architecture, dtype, keyword, "torch")
-        on_torch.load_parameters(np.array(first.flat_parameters))
+        layer_ms = {} if static else _layer_ms(first, obs, repeats)
+    else:  # the time is the engine's own
         layer_ms = _onnx_layer_ms(first, obs, repeats)
     return {
         "dtype": dtype,
         "engine": engine,
         "params": first.num_params,
         "bytes_per_forward": weight_bytes,
-        "flops_per_forward": sum(_flops(on_torch, obs).values()),
-        "flops_by_dtype": _flops(on_torch, obs),
+        "flops_per_forward": sum(_flops(on_torch, obs, static).values()),
+        "flops_by_dtype": _flops(on_torch, obs, static),
         "layer_ms": layer_ms,
         "idle_ms": idle,
         "loaded_ms": loaded,
@@ -398,11 +398,12 @@ def _onnx_layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
 
     import numpy as np
 
-    from worker.onnx_forward import session
+    from worker.inference.engines.onnx_runtime.atari import AtariWeights
+    from worker.inference.engines.onnx_runtime.session import session
 
-    static = getattr(policy, "_static", None)
     blocks_ms = 0.0
-    if static is not None:  # int8-static: the pass's own model, over the observation's blocks
+    if policy.inference_dtype == "int8-static":  # its own model, over the observation's blocks
+        static = policy.forward
         model = static.onnx_model()
         observation = obs.astype(np.uint8)
         feed = {"observation": static.blocks(observation)}
@@ -411,7 +412,7 @@ def _onnx_layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
             static.blocks(observation, out=feed["observation"])
         blocks_ms = (time.perf_counter() - started) / repeats * 1e3
     else:
-        model = policy._onnx.model(policy._onnx_weights())
+        model = policy.forward.model(AtariWeights.of(policy.weights, policy.inference_dtype))
         feed = {"observation": obs.astype(np.float32)}
     with tempfile.TemporaryDirectory() as tmp:
         profiled = session(model, f"{tmp}/profile")
@@ -430,7 +431,7 @@ def _onnx_layer_ms(policy: Any, obs: Any, repeats: int) -> dict[str, float]:
 
 
 def _layer_of(node: str) -> str:
-    """The layer an onnxruntime node belongs to (worker/onnx_forward.py names nodes by their
+    """The layer an onnxruntime node belongs to (the onnxruntime engine names nodes by their
     output; a fused node keeps its first node's name, or takes it after "fused ")."""
     node = node.removeprefix("fused ")
     for index in (1, 2, 3):
@@ -441,15 +442,14 @@ def _layer_of(node: str) -> str:
     return "fc" if node.startswith(("fc", "features", "hidden")) else "layout"
 
 
-def _flops(policy: Any, obs: Any) -> dict[str, int]:
+def _flops(policy: Any, obs: Any, static: bool = False) -> dict[str, int]:
     """Multiply-adds x 2 of one batch-1 forward pass, from the layers' output shapes, by the
     dtype each layer computes in (an int8 dense layer has in_features but no float weight;
     int8-static computes every layer but the output layer in integers, past the modules)."""
     from torch import nn
 
     flops: dict[str, int] = {}
-    static = getattr(policy, "inference_dtype", None) == "int8-static"
-    output_layer = getattr(policy.module, "out", None)
+    output_layer = getattr(_inference_module(policy), "out", None)
 
     def count(layer: Any, _: Any, output: Any) -> None:
         weight = getattr(layer, "weight", None)

@@ -30,9 +30,9 @@ import torch  # noqa: E402
 from neuro.decode import decode_genome  # noqa: E402
 from neuro.envs.make import PAPER, make_env  # noqa: E402
 from neuro.noise import NoiseTableSpec, load_noise_table  # noqa: E402
-from worker.policies import Policy, build_policy  # noqa: E402
-from worker.rollout import run_episode  # noqa: E402
-from worker.static_int8 import calibration_for  # noqa: E402
+from worker.evaluation.calibration import calibration_for  # noqa: E402
+from worker.inference.policy import Policy, build_policy  # noqa: E402
+from worker.play.rollout import run_episode  # noqa: E402
 
 DTYPES = ("float32", "bfloat16", "int8", "int8-static")
 TRAINED_GENOME = REPO / "bench" / "results" / "frostbite-best-genome.json"

@@ -38,7 +38,7 @@ def _child(core: int, steps: int, rounds: int, queue: Any) -> None:
     import torch
 
     from bench.hostcost import _vector_env
-    from worker.policies import build_policy
+    from worker.inference.policy import build_policy
 
     torch.set_num_threads(1)
     observations = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -102,7 +102,7 @@ def agreement(genomes: int, steps: int) -> dict[str, dict[str, float]]:
     import torch
 
     from neuro.envs.make import make_env
-    from worker.policies import build_policy
+    from worker.inference.policy import build_policy
 
     torch.set_num_threads(1)
     space, actions = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(18)
@@ -121,10 +121,8 @@ def agreement(genomes: int, steps: int) -> dict[str, dict[str, float]]:
             handle = make_env("Frostbite-v4")
             observation, _ = handle.env.reset(seed=genome)
             for _ in range(steps):
-                with torch.inference_mode():
-                    expected = on["torch"]._forward(torch.from_numpy(observation[None]))
-                expected = expected.float().numpy()[0]
-                got = on["onnxruntime"]._onnx(observation[None])[0]
+                expected = on["torch"].forward(observation[None])[0]
+                got = on["onnxruntime"].forward(observation[None])[0]
                 difference = float(np.abs(expected - got).max() / np.abs(expected).max())
                 worst = max(worst, difference)
                 action = int(np.argmax(expected))

@@ -40,8 +40,8 @@ from neuro.envs import MAZE_ID, maze
 from neuro.envs.make import make_env
 from neuro.genome import Genome
 from neuro.noise import SMALL_NOISE_TABLE_SIZE, NoiseTableSpec, load_noise_table
-from worker.policies import Policy, build_policy
-from worker.rollout import run_episode
+from worker.inference.policy import Policy, build_policy
+from worker.play.rollout import run_episode
 
 ARMS = ("ga", "ga-ns")
 

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
 
     from neuro.envs.make import make_env
-    from worker.rollout import FunctionActor, play
+    from worker.play.rollout import FunctionActor, play
 
     handle = make_env(args.env)
     rng = np.random.default_rng(args.seed)

@@ -16,7 +16,7 @@ import sys
 import textwrap
 import time
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,6 @@ from master.config import (
     inspect_env_id,
     preset,
 )
-from neuro.cpus import parse_cpu_list
 
 if TYPE_CHECKING:
     from master.run.s3_mirror import RunDirMirror
@@ -383,64 +382,6 @@ def _resumed_config(
     return config
 
 
-def local_worker_args(worker_arg: list[str], count: int, inference_dtype: str) -> tuple[str, ...]:
-    """What each of `count` local workers is started with, after --master and --worker-id.
-
-    On a CUDA host a worker's default device (auto) makes it the batched worker: one process
-    for the whole host, float32 only. Several local workers are one per core, and a run in
-    another dtype cannot use the batched worker: both stay on the per-genome CPU path, unless
-    --worker-arg names a device (later arguments win).
-    """
-    cpu = _per_core_workers(count, inference_dtype)
-    return (*(("--device", "cpu") if cpu else ()), *worker_arg, "--give-up-after", "30")
-
-
-def _per_core_workers(count: int, inference_dtype: str) -> bool:
-    """Whether local workers are per-core CPU workers; else one float32 worker, which a CUDA
-    host makes its batched worker."""
-    return count > 1 or inference_dtype != "float32"
-
-
-def _worker_cpus(args: argparse.Namespace, config: RunConfig) -> tuple[int, ...]:
-    """The local workers' CPUs (local_worker_cpus), none with --no-pin-workers."""
-    if not args.pin_workers:
-        return ()
-    return local_worker_cpus(
-        args.worker_arg, args.local_workers, config.inference_dtype, _allowed_cpus()
-    )
-
-
-def _allowed_cpus() -> list[int]:
-    """The CPUs this process may run on (none where the OS cannot pin)."""
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-
-
-def local_worker_cpus(
-    worker_arg: list[str], count: int, inference_dtype: str, allowed: Sequence[int]
-) -> tuple[int, ...]:
-    """The logical CPU each of `count` local workers is pinned to (`--cpu`), or () for none.
-
-    Pinned: per-core CPU workers (see local_worker_args), one per physical core first (an SMT
-    sibling only after every core has one), when they fit in `allowed`. Not pinned: a worker
-    that may be the batched one (it uses every core), or one the user placed (--worker-arg
-    naming --device, --envs or --cpu)."""
-    per_core = _per_core_workers(count, inference_dtype)
-    placed = any(arg.split("=")[0] in ("--device", "--envs", "--cpu") for arg in worker_arg)
-    if not per_core or placed or not 0 < count <= len(allowed):
-        return ()
-    return tuple(sorted(allowed, key=lambda cpu: (_sibling_rank(cpu), cpu))[:count])
-
-
-def _sibling_rank(cpu: int) -> int:
-    """0 for the first hardware thread of its core, 1 for the next, ... (0 where unknown)."""
-    siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
-    try:
-        listed = parse_cpu_list(siblings.read_text())
-    except (OSError, ValueError):
-        return 0
-    return listed.index(cpu) if cpu in listed else 0
-
-
 def _serve(
     args: argparse.Namespace,
     config: RunConfig,
@@ -452,12 +393,14 @@ def _serve(
 ) -> int:
     """Runs the master to the end; 1 (said on stderr) if it could not listen or start."""
     from master.run import start
+    from master.run.local_workers import local_worker_args, pinned_cpus
 
+    placement = (args.worker_arg, args.local_workers, config.inference_dtype, config.architecture)
     serve = start.ServeOptions(args.host, args.port, token, tls)
     options = start.RunOptions(
         local_workers=args.local_workers,
-        worker_args=local_worker_args(args.worker_arg, args.local_workers, config.inference_dtype),
-        worker_cpus=_worker_cpus(args, config),
+        worker_args=local_worker_args(*placement),
+        worker_cpus=pinned_cpus(args.pin_workers, *placement),
         out=None if args.quiet else sys.stdout,
         checkpoint_seconds=args.checkpoint_seconds,
         mirror=mirror,

@@ -16,7 +16,7 @@ from master.algorithms.novelty import NoveltyConfig
 from master.algorithms.registry import ALGORITHMS, get
 from neuro.envs.make import ATARI_DYNAMICS, EnvKind, inspect_env_id
 from neuro.genome import Genome
-from neuro.layout import ARCHITECTURES, INFERENCE_DTYPES
+from neuro.inference import ARCHITECTURES, INFERENCE_DTYPES, check_combination
 from neuro.noise import PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
 from neuro.runfiles import GENOME_FORMAT
 
@@ -100,20 +100,13 @@ class RunConfig:
             raise ValueError(
                 f"atari_dynamics {self.atari_dynamics!r} is not one of {ATARI_DYNAMICS}"
             )
-        if self.inference_dtype not in INFERENCE_DTYPES:
-            raise ValueError(
-                f"inference_dtype {self.inference_dtype!r} is not one of {INFERENCE_DTYPES}"
-            )
         if self.atari != (self.architecture != "mlp"):
             kind = "an Atari" if self.atari else "a vector-observation"
             raise ValueError(
                 f"architecture {self.architecture!r} does not fit {kind} env ({self.env_id})"
             )
-        if self.inference_dtype == "int8-static" and self.architecture == "mlp":
-            raise ValueError(
-                "inference_dtype 'int8-static' quantises the Atari nets (deepga, nature), not "
-                "mlp: choose float32, bfloat16 or int8"
-            )
+        # The one table of what runs where (neuro/inference.py), which workers serve too.
+        check_combination(self.inference_dtype, self.architecture)
         for name in ("generations", "frames"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -7,16 +7,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-ARCHITECTURES = ("deepga", "nature", "mlp")
-INFERENCE_DTYPES = ("float32", "bfloat16", "int8", "int8-static")
-"""Precisions a policy's forward pass may run in; decoding is always float32.
-
-bfloat16: every layer but the output layer in bfloat16. int8: the hidden dense layers' weights
-in int8 (one scale per output unit), their inputs quantised on each call; convolutions in
-bfloat16; the output layer in float32 (worker/policies.py and worker/atari_net.py say how and
-why). int8-static (Atari nets only): convolutions and dense layer on 7-bit weights and 8-bit
-activations whose scales are calibrated per genome on fixed frames of the game
-(worker/static_int8.py)."""
 ATARI_SHAPE = (4, 84, 84)
 DEFAULT_MLP_HIDDEN = (64, 64)
 ATARI_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))

@@ -7,12 +7,14 @@ with real ones.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
 import re
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,7 @@ from master.algorithms import registry
 from master.algorithms.base import Algorithm, EvaluationRequest, GenerationSummary
 from master.config import RunConfig, inspect_env_id, preset
 from master.observe.events import GenerationRecord
+from master.run.algorithm import create_algorithm, restore_algorithm
 from neuro.genome import Genome
 
 TINY: dict[str, dict[str, Any]] = {
@@ -128,11 +131,11 @@ def plain(value: Any) -> Any:
     return repr(value) if isinstance(value, float) else value
 
 
-def restored(entry: registry.Entry, config: RunConfig, algorithm: Algorithm) -> Algorithm:
+def restored(config: RunConfig, algorithm: Algorithm) -> Algorithm:
     """The algorithm as a checkpoint would bring it back: state through JSON, arrays copied."""
     document = json.loads(json.dumps(algorithm.state_dict(), allow_nan=False))
     arrays = algorithm.arrays()
-    return entry.restore(config, document, None if arrays is None else arrays.copy())
+    return restore_algorithm(config, document, None if arrays is None else arrays.copy())
 
 
 def common_names() -> set[str]:
@@ -143,7 +146,7 @@ def common_names() -> set[str]:
 
 
 def test_ask_is_stable_until_tell_and_no_key_is_asked_twice(entry, config) -> None:
-    algorithm = entry.create(config)
+    algorithm = create_algorithm(config)
     rng = np.random.default_rng(0)
     asked: set[str] = set()
     for _ in range(6):
@@ -158,7 +161,7 @@ def test_ask_is_stable_until_tell_and_no_key_is_asked_twice(entry, config) -> No
 
 @pytest.mark.parametrize("fault", ["unknown", "missing", "too few", "too many"])
 def test_tell_refuses_keys_it_did_not_ask_for_and_changes_nothing(entry, config, fault) -> None:
-    algorithm = entry.create(config)
+    algorithm = create_algorithm(config)
     rng = np.random.default_rng(1)
     play_generation(algorithm, rng)  # some history first: an elite, a moved rng
     for _ in range(MAX_PHASES):  # every phase of the next generation
@@ -185,12 +188,12 @@ def test_tell_refuses_keys_it_did_not_ask_for_and_changes_nothing(entry, config,
 
 
 def test_state_round_trips_through_json_and_the_run_goes_on_identically(entry, config) -> None:
-    algorithm = entry.create(config)
+    algorithm = create_algorithm(config)
     rng = np.random.default_rng(2)
     for _ in range(5):  # a few phases: a checkpoint may be taken in any of them
         # A resumed run's notice reads the generation from the document, whatever the algorithm.
         assert algorithm.state_dict()["generation"] == algorithm.generation
-        again = restored(entry, config, algorithm)
+        again = restored(config, algorithm)
         assert fingerprint(again) == fingerprint(algorithm)
         returns = answers(algorithm.ask(), rng)
         assert plain(tell(again, returns)) == plain(tell(algorithm, returns))
@@ -198,7 +201,7 @@ def test_state_round_trips_through_json_and_the_run_goes_on_identically(entry, c
 
 
 def test_a_summary_counts_what_was_asked_and_its_metrics_are_json(entry, config) -> None:
-    algorithm = entry.create(config)
+    algorithm = create_algorithm(config)
     rng = np.random.default_rng(3)
     for generation in range(2):
         summary, episodes = play_generation(algorithm, rng)
@@ -214,7 +217,7 @@ def test_a_summary_counts_what_was_asked_and_its_metrics_are_json(entry, config)
 
 
 def test_a_generation_where_every_evaluation_fails_is_survived(entry, config) -> None:
-    algorithm = entry.create(config)
+    algorithm = create_algorithm(config)
     rng = np.random.default_rng(4)
     summary, _ = play_generation(algorithm, rng, lambda requests: [r.key for r in requests])
     assert summary.failed == len(summary.scores) > 0
@@ -228,7 +231,7 @@ def test_a_generation_where_every_evaluation_fails_is_survived(entry, config) ->
 
 def ga_never_selects_nan(entry: registry.Entry, config: RunConfig) -> None:
     """A genome whose evaluation failed becomes neither an elite candidate nor a parent."""
-    algorithm = entry.create(config)
+    algorithm = create_algorithm(config)
     rng = np.random.default_rng(5)
     play_generation(algorithm, rng)
     offspring = algorithm.ask()
@@ -255,10 +258,10 @@ def ga_never_selects_nan(entry: registry.Entry, config: RunConfig) -> None:
 
 def es_never_selects_nan(entry: registry.Entry, config: RunConfig) -> None:
     """A pair with a failed half adds nothing to the step, whatever its other half scored."""
-    algorithm = entry.create(config)
+    algorithm = create_algorithm(config)
     rng = np.random.default_rng(6)
     play_generation(algorithm, rng)
-    twin = restored(entry, config, algorithm)
+    twin = restored(config, algorithm)
     requests = algorithm.ask()
     first = requests[0].genome
     pair = [r.key for r in requests if r.genome.noise_index == first.noise_index and r.genome.sign]
@@ -301,7 +304,7 @@ def test_a_failed_evaluation_is_never_selected(entry, config) -> None:
 
 def test_arrays_change_only_with_the_generation(entry, config) -> None:
     """The checkpoint's sidecar is named by the generation, so a generation has one content."""
-    algorithm = entry.create(config)
+    algorithm = create_algorithm(config)
     rng = np.random.default_rng(7)
     for _ in range(3):
         arrays = algorithm.arrays()
@@ -330,9 +333,9 @@ def test_the_entries_that_need_behaviours_are_those_tested_for_them(noise_cache)
     needing = {
         name
         for name in registry.ALGORITHMS
-        if registry.get(name)
-        .create(preset(kind, algorithm=name, hidden_sizes=(8,), noise_table_size=2**16))
-        .needs_behaviours
+        if create_algorithm(
+            preset(kind, algorithm=name, hidden_sizes=(8,), noise_table_size=2**16)
+        ).needs_behaviours
     }
     assert needing == set(NEEDS_BEHAVIOURS)
 
@@ -342,10 +345,9 @@ def test_the_entries_that_need_behaviours_are_those_tested_for_them(noise_cache)
 def test_tell_refuses_behaviours_unless_they_answer_what_was_asked(
     name, fault, noise_cache
 ) -> None:
-    entry = registry.get(name)
     config = preset(inspect_env_id("CartPole-v1"), algorithm=name, seed=3, hidden_sizes=(8,),
                     noise_table_size=2**16, **TINY.get(name, {}))  # fmt: skip
-    algorithm = entry.create(config)
+    algorithm = create_algorithm(config)
     rng = np.random.default_rng(8)
     play_generation(algorithm, rng)  # a known BC size, an archive, a moved rng
     for _ in range(MAX_PHASES):  # every phase of the next generation
@@ -375,3 +377,25 @@ def test_tell_refuses_behaviours_unless_they_answer_what_was_asked(
         if algorithm.tell(returns, good) is not None:
             return
     raise AssertionError(f"no generation summary after {MAX_PHASES} phases")
+
+
+# --- no I/O ----------------------------------------------------------------------------------
+
+
+def test_no_algorithm_module_loads_the_noise_table_or_builds_an_env() -> None:
+    """master.run.algorithm hands the entries the table and the env's spaces.
+
+    import-linter keeps env builders out of master.algorithms; neuro.noise, whose noise_offset
+    the ES needs, cannot be kept out as a module, so its loader is looked for here by name.
+    """
+    loaders = {"load_noise_table", "NoiseTableSpec", "make_env", "default_cache_dir"}
+    for path in sorted(Path(registry.__file__).parent.glob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                names.add(node.attr)
+            elif isinstance(node, ast.ImportFrom):
+                names.update(alias.name for alias in node.names)
+        assert not names & loaders, f"{path.name} uses {sorted(names & loaders)}"

@@ -7,11 +7,12 @@ import pytest
 
 from neuro.envs.make import PAPER, EnvHandle, _paper_atari, paper_frames
 from neuro.noise import NoiseTableSpec
-from worker.atari_vector import VectorGroup
-from worker.envs import EnvPool
-from worker.evaluator import EvaluationSpec, Evaluator
-from worker.rollout import Rollout
-from worker.slots import SlotRunner
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.play.atari_vector import VectorGroup
+from worker.play.envs import EnvCache
+from worker.play.rollout import Rollout
+from worker.runners.per_genome import SlotRunner
 
 STEPS = 600
 
@@ -137,23 +138,23 @@ def run_slots(runner: SlotRunner, specs: dict[str, EvaluationSpec]) -> dict:
 def test_slot_runner_on_the_vector_engine_is_reproducible(tmp_path):
     """Frostbite, the paper network, 100-step episodes: the same results twice, 4 frames a step."""
     specs = {"a": spec(1), "b": spec(2), "c": spec(1, episodes=1)}
-    first = run_slots(SlotRunner(Evaluator(str(tmp_path), atari_engine="vector"), 4), specs)
-    second = run_slots(SlotRunner(Evaluator(str(tmp_path), atari_engine="vector"), 4), specs)
+    first = run_slots(SlotRunner(Evaluator(str(tmp_path), atari_backend="vector"), 4), specs)
+    second = run_slots(SlotRunner(Evaluator(str(tmp_path), atari_backend="vector"), 4), specs)
     assert first == second
     for evaluation in first.values():
         assert evaluation.frames == [400] * len(evaluation.frames)  # capped at 100 steps
     assert first["c"].returns == first["a"].returns[:1]
-    single = Evaluator(str(tmp_path), atari_engine="vector").evaluate(spec(1))
+    single = Evaluator(str(tmp_path), atari_backend="vector").evaluate(spec(1))
     assert single == first["a"]
 
 
 def test_engine_choice_keeps_gymnasium_where_it_must():
-    pool = EnvPool("vector", 2)
+    pool = EnvCache("vector", 2)
     assert hasattr(pool.take("Frostbite-v4").env, "group")
     assert not hasattr(pool.take("Frostbite-v4", "registered").env, "group")
     assert not hasattr(pool.take("CartPole-v1").env, "group")
     with pytest.raises(ValueError, match="atari engine"):
-        EnvPool("emulator")
+        EnvCache("emulator")
 
 
 def test_worker_flag_and_env_var_choose_the_engine(monkeypatch):

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from neuro.layout import ARCHITECTURES
+from neuro.inference import ARCHITECTURES
 from neuro.observation_stats import normalise
-from worker.batched import BatchedPolicies
-from worker.policies import Policy, build_policy
+from worker.inference.actions import actions_from_outputs
+from worker.inference.base import NetSpec
+from worker.inference.engines.torch_grouped.grouped import BatchedPolicies
+from worker.inference.policy import Policy, build_policy
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 VECTOR_OBS = gym.spaces.Box(-3.0, 3.0, (6,), np.float32)
@@ -35,9 +37,11 @@ class Case:
     hidden: tuple[int, ...] = ()
 
     def policy(self) -> Policy:
+        # The torch engine: its float32 module is the reference each row is held to.
         return build_policy(
-            self.architecture, self.observation_space, self.action_space, self.hidden
-        )
+            self.architecture, self.observation_space, self.action_space, self.hidden,
+            inference_engine="torch",
+        )  # fmt: skip
 
 
 CASES = {
@@ -83,7 +87,7 @@ def reference(
         if policy.observation_norm is not None:
             net_input = normalise(net_input, *policy.observation_norm).reshape(net_input.shape)
         with torch.inference_mode():
-            raw = policy.module(torch.from_numpy(np.ascontiguousarray(net_input))).numpy()
+            raw = policy.forward.module(torch.from_numpy(np.ascontiguousarray(net_input))).numpy()
         played = policy.act_batch(obs[rows])
         for j, row in enumerate(rows):
             outputs[row], actions[row] = raw[j], played[j]
@@ -100,7 +104,7 @@ def assert_plays_like_policies(
     obs = observations(space, len(slots), np.random.default_rng(seed))
     expected_raw, expected_actions = reference(policy, flats, slots, obs)
     raw = batched.forward(slots, obs).cpu().numpy()
-    actions = batched.act(slots, obs)
+    actions = actions_from_outputs(batched(slots, obs), policy.action_space)
     assert raw.dtype == np.float32 and raw.shape == expected_raw.shape
     np.testing.assert_allclose(raw, expected_raw, rtol=RTOL, atol=ATOL)
     assert actions.shape == expected_actions.shape and actions.dtype == expected_actions.dtype
@@ -121,7 +125,7 @@ def load_case(name: str, device: str) -> Loaded:
     case = CASES[name]
     template, policy = case.policy(), case.policy()
     flats = individuals(template, K, seed=sorted(CASES).index(name))
-    batched = BatchedPolicies(template, K, device)
+    batched = BatchedPolicies(template.spec, K, device)
     for slot, flat in enumerate(flats):
         batched.load(slot, flat)
     return Loaded(batched, policy, flats)
@@ -161,13 +165,14 @@ def test_read_only_parameters_load_without_warnings(recwarn: pytest.WarningsReco
     assert_plays_like_policies(data.batched, data.policy, [flat, *data.flats[1:]], [0, 1], seed=4)
 
 
-def test_observation_norm_of_the_template_applies_to_every_slot() -> None:
+def test_one_observation_norm_applies_to_every_slot() -> None:
     case = CASES["mlp-discrete"]
     template, policy = case.policy(), case.policy()
     norm = (np.linspace(-1, 1, 6).astype(np.float32), np.linspace(0.5, 2, 6).astype(np.float32))
-    template.observation_norm = policy.observation_norm = norm
+    policy.observation_norm = norm
     flats = individuals(template, 3, seed=11)
-    batched = BatchedPolicies(template, 3)
+    batched = BatchedPolicies(template.spec, 3)
+    batched.observation_norm = norm
     for slot, flat in enumerate(flats):
         batched.load(slot, flat)
     assert_plays_like_policies(batched, policy, flats, [2, 0, 1, 2, 2], seed=5)
@@ -175,7 +180,7 @@ def test_observation_norm_of_the_template_applies_to_every_slot() -> None:
 
 def test_an_empty_batch() -> None:
     data = load_case("mlp-box", "cpu")
-    assert data.batched.act([], np.zeros((0, 6), np.float32)).shape == (0, 3)
+    assert data.batched([], np.zeros((0, 6), np.float32)).shape == (0, 3)
     assert data.batched.forward([], np.zeros((0, 6), np.float32)).shape == (0, 3)
 
 
@@ -183,12 +188,12 @@ def test_validation_errors_name_the_bad_value() -> None:
     case = CASES["mlp-discrete"]
     template = case.policy()
     with pytest.raises(ValueError, match="capacity must be >= 1, got 0"):
-        BatchedPolicies(template, 0)
+        BatchedPolicies(template.spec, 0)
     with pytest.raises(ValueError, match="bfloat16"):
         BatchedPolicies(
-            build_policy("mlp", VECTOR_OBS, case.action_space, inference_dtype="bfloat16"), 2
+            build_policy("mlp", VECTOR_OBS, case.action_space, inference_dtype="bfloat16").spec, 2
         )
-    batched = BatchedPolicies(template, 3)
+    batched = BatchedPolicies(template.spec, 3)
     flat = individuals(template, 1, seed=0)[0]
     for slot in (3, -1):
         with pytest.raises(ValueError, match=rf"slot {slot} is outside \[0, 3\)"):
@@ -207,22 +212,21 @@ def test_validation_errors_name_the_bad_value() -> None:
     batched.load(1, flat)
     obs = np.zeros((2, 6), np.float32)
     with pytest.raises(ValueError, match=r"\(2, 7\)"):
-        batched.act([0, 1], np.zeros((2, 7), np.float32))
+        batched([0, 1], np.zeros((2, 7), np.float32))
     with pytest.raises(ValueError, match=r"shape \(6,\) does not match"):
-        batched.act([0], np.zeros(6, np.float32))  # one observation without its batch axis
+        batched([0], np.zeros(6, np.float32))  # one observation without its batch axis
     with pytest.raises(ValueError, match="1 slots given for 2 observations"):
-        batched.act([0], obs)
+        batched([0], obs)
     with pytest.raises(ValueError, match=r"slot 7 is outside \[0, 3\)"):
-        batched.act([0, 7], obs)
+        batched([0, 7], obs)
     with pytest.raises(ValueError, match="slot 2 holds no parameters"):
-        batched.act([2, 0], obs)
+        batched([2, 0], obs)
 
 
 def test_an_unknown_network_is_refused() -> None:
-    template = CASES["mlp-discrete"].policy()
-    template.parameter_layout = [("body.weight", (4, 6)), ("body.bias", (4,))]
-    with pytest.raises(ValueError, match=r"body\.weight"):
-        BatchedPolicies(template, 2)
+    spec = NetSpec("resnet", (6,), 4)
+    with pytest.raises(ValueError, match="'resnet'"):
+        BatchedPolicies(spec, 2)
 
 
 @pytest.mark.gpu

@@ -22,10 +22,11 @@ from neuro.noise import NoiseTableSpec
 from tests.conftest import REPO, spawn_worker, stop_processes, worker_env
 from tests.harness import live_master
 from tests.tiny import long_elite_tasks
-from worker.batched_runner import BatchedSlotRunner
 from worker.cli import worker_parser, worker_settings
-from worker.evaluator import EvaluationSpec, Evaluator
-from worker.slots import SlotRunner
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.runners.batched import BatchedSlotRunner
+from worker.runners.per_genome import SlotRunner
 
 TABLE = NoiseTableSpec(size=2**16)
 

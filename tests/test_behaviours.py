@@ -15,11 +15,12 @@ from neuro.envs.behaviour import ATARI_RAM_SIZE, behaviour_size
 from neuro.envs.make import make_env
 from neuro.noise import NoiseTableSpec
 from neuro.observation_stats import CLIP, ObservationStats, normalise
-from worker.envs import VECTOR, EnvPool
-from worker.evaluator import Evaluation, EvaluationSpec, Evaluator
-from worker.policies import build_policy
-from worker.rollout import FunctionActor, play
-from worker.slots import SlotRunner
+from worker.evaluation.evaluator import Evaluation, Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.inference.policy import build_policy
+from worker.play.envs import VECTOR, EnvCache
+from worker.play.rollout import FunctionActor, play
+from worker.runners.per_genome import SlotRunner
 
 
 def _cartpole_policy(seed: int = 0):
@@ -117,7 +118,7 @@ def test_an_atari_episode_reports_the_consoles_ram(noise_cache: Path) -> None:
         env_seed=4, max_episode_steps=30, behaviour_size=ATARI_RAM_SIZE,
     )  # fmt: skip
     # The vector engine is this worker's default; a task asking for RAM plays on gymnasium.
-    runner = SlotRunner(Evaluator(str(noise_cache), atari_engine=VECTOR), capacity=1)
+    runner = SlotRunner(Evaluator(str(noise_cache), atari_backend=VECTOR), capacity=1)
     runner.start("t", None, spec)
     handle = runner._tasks["t"].handle
     assert getattr(handle.env, "group", None) is None
@@ -132,7 +133,7 @@ def test_an_atari_episode_reports_the_consoles_ram(noise_cache: Path) -> None:
 
 
 def test_a_vector_engine_sub_env_cannot_give_a_behaviour() -> None:
-    handle = EnvPool(VECTOR).take("Frostbite-v4")
+    handle = EnvCache(VECTOR).take("Frostbite-v4")
     policy = build_policy("deepga", handle.env.observation_space, handle.env.action_space)
     with pytest.raises(ValueError, match="vector env"):
         play(policy, handle, 1, max_steps=2, behaviour_size=ATARI_RAM_SIZE)

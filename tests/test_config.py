@@ -36,7 +36,11 @@ def test_an_explicit_none_target_disables_the_envs_threshold():
         ("CartPole-v1", {"architecture": "deepga"}, "does not fit a vector-observation env"),
         ("Frostbite-v4", {"architecture": "mlp"}, "does not fit an Atari env"),
         ("Frostbite-v4", {"atari_dynamics": "sticky"}, "'sticky' is not one of"),
-        ("CartPole-v1", {"inference_dtype": "int8-static"}, "quantises the Atari nets"),
+        (
+            "CartPole-v1",
+            {"inference_dtype": "int8-static"},
+            "runs on the deepga, nature nets, not .mlp.",
+        ),
         ("CartPole-v1", {"generations": 0}, "generations must be >= 1, got 0"),
     ],
 )
@@ -120,11 +124,13 @@ def test_the_command_line_chooses_a_novelty_search_and_its_settings(tmp_path, ca
         (1, "bfloat16", ["--device", "auto"], "auto"),  # the user's own choice wins
     ],
 )
+@pytest.mark.parametrize("architecture", ["deepga", "mlp"])
 def test_local_workers_stay_on_the_cpu_path_unless_one_float32_worker_can_batch(
-    count, dtype, worker_arg, device
+    count, dtype, worker_arg, device, architecture
 ):
-    from master.cli import local_worker_args
+    from master.run.local_workers import local_worker_args
     from worker.cli import worker_parser
 
-    argv = ["--master", "127.0.0.1:1", *local_worker_args(worker_arg, count, dtype)]
+    args = local_worker_args(worker_arg, count, dtype, architecture)
+    argv = ["--master", "127.0.0.1:1", *args]
     assert worker_parser().parse_args(argv).device == device

@@ -10,7 +10,7 @@ import pytest
 
 from neuro.decode import DecodeStats, GenomeDecoder, decode_genome
 from neuro.noise import NoiseTableSpec, load_noise_table, noise_offset
-from worker.policies import build_policy
+from worker.inference.policy import build_policy
 
 SEEDS = [4070460811, 2393459932, 3391677529, 3126527182]
 SIGMA = 0.002

@@ -9,11 +9,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import worker.evaluator as evaluator_module
+import worker.evaluation.evaluator as evaluator_module
 from neuro.decode import GenomeDecoder, decode_genome
 from neuro.noise import NoiseTableSpec, load_noise_table
-from worker.evaluator import EvaluationSpec, Evaluator
-from worker.policies import Policy, build_policy
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.inference.policy import Policy, build_policy
 
 OBS, ACTIONS = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2)
 TABLE = NoiseTableSpec(seed=123, size=2**16)
@@ -39,7 +40,7 @@ def test_many_sigmas_and_shapes_never_hold_more_than_the_budget_in_total(tmp_pat
     sigmas = [0.001 * (i + 1) for i in range(12)]
     for sigma, (hidden, policy) in itertools.product(sigmas, policies.items()):
         spec = dataclasses.replace(SPEC, mutation_power=sigma, hidden_sizes=hidden)
-        decoder = evaluator.decoder(spec, policy)
+        decoder = evaluator.decoder(spec, policy.spec)
         if decoder not in created:
             created.append(decoder)
         for parent, child in itertools.product(range(3), range(3)):

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import worker.envs
+import worker.play.envs
 from tests.conftest import spawn_worker, stop_processes
 from tests.harness import live_master
 from tests.tiny import tiny_cartpole
 from worker.client import WorkerClient
-from worker.evaluator import Evaluator
+from worker.evaluation.evaluator import Evaluator
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def test_env_build_failures_are_reported_and_the_env_is_not_handed_to_that_worke
     def cannot_build(env_id, dynamics="paper"):
         raise RuntimeError(f"no emulator for {env_id} on this host")
 
-    monkeypatch.setattr(worker.envs, "make_env", cannot_build)
+    monkeypatch.setattr(worker.play.envs, "make_env", cannot_build)
     broken = WorkerClient("unset", "broken", Evaluator(), prefetch=1)
     records, outcome = asyncio.run(_run(tmp_path, broken))
     assert outcome["failed_before_help"] >= 1 and not outcome["alive"]

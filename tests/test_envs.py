@@ -7,8 +7,10 @@ import pytest
 
 from neuro.envs.make import PAPER, REGISTERED, is_atari, make_env
 from neuro.noise import NoiseTableSpec
-from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator
-from worker.rollout import run_episode
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.play.envs import EnvBuildError
+from worker.play.rollout import run_episode
 
 
 @pytest.mark.parametrize("env_id", ["Frostbite-v4", "FrostbiteNoFrameskip-v4", "ALE/Frostbite-v5"])

@@ -100,7 +100,7 @@ def test_es_climbs_a_quadratic_with_ranked_returns(table: np.ndarray) -> None:
 
 
 def test_master_and_worker_noise_agree_bit_for_bit(table: np.ndarray) -> None:
-    from worker.evaluator import perturbed_parameters
+    from worker.evaluation.parameters import perturbed_parameters
 
     n = 4610
     theta = np.arange(n, dtype=np.float32) / n
@@ -137,7 +137,7 @@ def test_failed_halves_drop_their_pair_and_rank_is_counted(table: np.ndarray) ->
 
 
 def test_layout_matches_the_torch_policies() -> None:
-    from worker.policies import build_policy
+    from worker.inference.policy import build_policy
 
     cases = [("mlp", gym.spaces.Box(-1, 1, (4,)), 2, (64, 64)),
              ("deepga", gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), 6, ()),

@@ -17,7 +17,7 @@ from tests.conftest import REPO, worker_env
 from tests.tiny import LOCAL_CARTPOLE_ARGS
 from worker import evaluate_policy
 from worker.cli import eval_main
-from worker.video import Video
+from worker.offline.video import Video
 
 SUMMARY = re.compile(r"mean (\S+) std (\S+) min (\S+) max (\S+) over (\d+) episodes")
 

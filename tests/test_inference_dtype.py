@@ -13,18 +13,21 @@ import pytest
 import torch
 
 from master.config import RunConfig
-from master.run.start import resume_config, task_template
+from master.fleet.tasks import task_template
+from master.run.start import resume_config
 from neuro.genome import Genome
+from neuro.inference import engines_for
 from neuro.noise import NoiseTableSpec
 from neuro.v1 import evolution_pb2 as pb
 from tests.conftest import REPO, worker_env
 from tests.test_bench import run_bench
 from tests.tiny import LOCAL_CARTPOLE_ARGS, tiny_cartpole
-from worker import atari_net, evaluate_policy, load_genome_file
+from worker import evaluate_policy, load_genome_file
 from worker.client import spec_from_task
-from worker.evaluator import EvaluationSpec, Evaluator
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.inference.policy import build_policy
 from worker.limits import check_spec
-from worker.policies import build_policy
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 VECTOR_OBS = gym.spaces.Box(-np.inf, np.inf, (8,), np.float32)
@@ -174,20 +177,27 @@ def test_every_dtype_runs_the_genome_last_loaded(dtype: str) -> None:
     assert not np.array_equal(before, after)  # the second genome is a different policy
 
 
-def test_int8_reads_a_quarter_of_the_dense_bytes() -> None:
+@pytest.mark.parametrize("engine", engines_for("int8", "deepga", "per-genome", "cpu"))
+def test_int8_reads_a_quarter_of_the_dense_bytes(engine: str) -> None:
+    """The bytes a pass reads come from the pass the engine built: the dense layer in int8 on
+    every engine and CPU; the convolutions in whatever that engine stores (bfloat16, or
+    float32 holding bfloat16 values where a CPU cannot pack bfloat16 convolutions)."""
     spaces = (ATARI_OBS, gym.spaces.Discrete(18))
-    sizes = {d: build_policy("deepga", *spaces, inference_dtype=d).weight_bytes_per_forward()
+    built = {d: build_policy("deepga", *spaces, inference_dtype=d, inference_engine=engine)
              for d in ("float32", "bfloat16", "int8")}  # fmt: skip
+    assert built["int8"].inference_engine == engine
+    sizes = {d: policy.weight_bytes_per_forward() for d, policy in built.items()}
     assert sizes["float32"] == 4 * 4_052_658
+    layers = built["int8"].forward.layer_bytes
+    assert sum(layers.values()) == sizes["int8"]
     # The 7744x512 dense layer is 98% of the weights: int8 with a float32 scale and bias per
-    # unit; convolutions in bfloat16 (float32 ones holding bfloat16 values on a CPU that
-    # cannot pack bfloat16 convolutions); the 512x18 output layer in float32.
-    dense = 7744 * 512 + 8 * 512
-    output = 512 * 18 + 18
-    convolutions = 4_052_658 - (7744 * 512 + 512) - output
-    emulated = atari_net.bfloat16_convolutions_emulated()
+    # unit; the 512x18 output layer in float32.
+    assert layers["fc"] == 7744 * 512 + 8 * 512
+    assert layers["out"] == 4 * (512 * 18 + 18)
+    convolutions = 4_052_658 - (7744 * 512 + 512) - (512 * 18 + 18)
+    conv_bytes = sum(layers[f"conv{i}"] for i in (1, 2, 3))
+    assert conv_bytes in (2 * convolutions, 4 * convolutions)
     assert sizes["int8"] < sizes["bfloat16"] < sizes["float32"]
-    assert sizes["int8"] == dense + (4 if emulated else 2) * convolutions + 4 * output
 
 
 def test_an_int8_row_acts_the_same_whatever_shares_its_batch() -> None:
@@ -203,7 +213,7 @@ def test_an_int8_row_acts_the_same_whatever_shares_its_batch() -> None:
     policy.load_parameters(
         (rng.standard_normal(policy.num_params) * policy.init_scale()).astype(np.float32)
     )
-    dense = policy._inference_module.fc
+    dense = policy.forward.inference_module.fc
     rows = torch.from_numpy(np.abs(rng.standard_normal((6, 7744))).astype(np.float32))
     rows[3:] /= 50  # a much smaller input range than their batch-mates'
     with torch.inference_mode():
@@ -217,7 +227,7 @@ def test_the_reordered_int8_dense_layer_computes_what_the_plain_order_does(
     """The int8 dense layer takes its columns in the channels-last conv output's order, so the
     flatten before it is a view: per-row scales, the input's range and int32 sums do not
     depend on the column order, so the outputs are those of the plain order bit for bit."""
-    from worker.atari_net import Int8Linear
+    from worker.inference.engines.torch_cpu.layers import Int8Linear
 
     policy = build_policy(
         architecture, ATARI_OBS, gym.spaces.Discrete(18), inference_dtype="int8",
@@ -227,10 +237,10 @@ def test_the_reordered_int8_dense_layer_computes_what_the_plain_order_does(
     policy.load_parameters(
         (rng.standard_normal(policy.num_params) * policy.init_scale()).astype(np.float32)
     )
-    net = policy._inference_module
+    net = policy.forward.inference_module
     assert net.fc_input_nhwc and net.fc.fused_relu
     plain = Int8Linear(net.fc.in_features, net.fc.out_features, relu=True)
-    plain.pack(policy.module.fc.weight, policy.module.fc.bias)
+    plain.pack(policy.forward.module.fc.weight, policy.forward.module.fc.bias)
     conv_output = torch.from_numpy(np.abs(rng.standard_normal((3, *net.conv_output_shape))))
     conv_output = conv_output.float().contiguous(memory_format=torch.channels_last)
     with torch.inference_mode():

@@ -15,8 +15,8 @@ from gymnasium.utils.env_checker import check_env
 from neuro.envs import MAZE_ID, DeceptiveMaze, maze, register_envs
 from neuro.envs.make import inspect_env_id, make_env
 from tests.conftest import REPO, worker_env
-from worker.policies import build_policy
-from worker.rollout import run_episode
+from worker.inference.policy import build_policy
+from worker.play.rollout import run_episode
 
 register_envs()
 

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from master.algorithms import registry
 from master.algorithms.base import Algorithm, EvaluationRequest, GenerationSummary
 from master.algorithms.es import ESConfig, adam_step, centered_ranks, gradient_estimate
 from master.algorithms.ga import GAConfig, GeneticAlgorithm
@@ -23,6 +22,7 @@ from master.algorithms.ns_es import (
     member_probabilities,
 )
 from master.config import inspect_env_id, preset
+from master.run.algorithm import create_algorithm, restore_algorithm
 from neuro.genome import Genome
 from neuro.noise import NoiseTableSpec, generate_into
 
@@ -379,7 +379,6 @@ def test_a_run_resumed_mid_way_goes_on_exactly_as_the_uninterrupted_one(name, no
                 "nsr-es": {"pairs": 3, "eval_episodes": 2, "meta_population": 3}}  # fmt: skip
     config = preset(inspect_env_id("CartPole-v1"), algorithm=name, seed=5, hidden_sizes=(4,),
                     noise_table_size=2**16, k=3, archive_capacity=6, **settings[name])  # fmt: skip
-    entry = registry.get(name)
     rng = np.random.default_rng(0)
     made_up = [(rng.normal(size=64), rng.normal(size=(64, 3))) for _ in range(200)]
 
@@ -394,15 +393,15 @@ def test_a_run_resumed_mid_way_goes_on_exactly_as_the_uninterrupted_one(name, no
     def summaries(algorithm: Algorithm, phases: range) -> list[str]:
         return [repr(step(algorithm, phase)) for phase in phases]
 
-    whole = entry.create(config)
+    whole = create_algorithm(config)
     first = summaries(whole, range(15))
     document = json.loads(json.dumps(whole.state_dict(), allow_nan=False))
-    resumed = entry.restore(config, document, whole.arrays().copy())
+    resumed = restore_algorithm(config, document, whole.arrays().copy())
     assert document["archive"]["offered"] > 6  # the archive (capacity 6) has been full a while
     assert summaries(resumed, range(15, 40)) == summaries(whole, range(15, 40))
     assert json.dumps(resumed.state_dict()) == json.dumps(whole.state_dict())
     assert np.array_equal(resumed.arrays(), whole.arrays())
-    assert first != summaries(entry.create(config), range(1, 16))  # the made-up answers matter
+    assert first != summaries(create_algorithm(config), range(1, 16))  # the made-up answers matter
 
 
 def test_ga_ns_keeps_the_previous_parents_when_no_behaviour_is_usable() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from master.algorithms import registry
 from master.algorithms.es import ESState
 from master.config import inspect_env_id, preset
+from master.run.algorithm import create_algorithm, restore_algorithm
 from master.run.checkpoint import load_checkpoint
 from master.run.rundir import read_metrics
 from neuro.observation_stats import INITIAL_COUNT, ObservationStats
@@ -24,7 +24,7 @@ def es_with_norm(env_id: str = "Pendulum-v1", **settings):
     config = preset(inspect_env_id(env_id), algorithm="es", observation_norm=True, pairs=3,
                     eval_episodes=2, hidden_sizes=(8,), noise_table_size=2**16,
                     **settings)  # fmt: skip
-    return config, registry.get("es").create(config)
+    return config, create_algorithm(config)
 
 
 def answers(es) -> dict[str, list[float]]:
@@ -71,7 +71,7 @@ def test_the_sums_survive_a_checkpoint_exactly(noise_cache) -> None:
     rng = np.random.default_rng(1)
     es.tell(answers(es), observation_stats=ObservationStats.of(rng.normal(0, 1, (33, 3)) / 3))
     document = json.loads(json.dumps(es.state_dict()))
-    again = registry.get("es").restore(config, document, es.arrays())
+    again = restore_algorithm(config, document, es.arrays())
     assert again.state.observations.count == es.state.observations.count
     assert np.array_equal(again.state.observations.total, es.state.observations.total)
     assert np.array_equal(again.state.observations.squares, es.state.observations.squares)
@@ -89,7 +89,7 @@ def test_a_state_without_sums_does_not_pass_for_a_normalised_run(noise_cache) ->
     document = es.state_dict()
     document["observations"] = None
     with pytest.raises(ValueError, match="lacks observation sums"):
-        registry.get("es").restore(config, document, es.arrays())
+        restore_algorithm(config, document, es.arrays())
     assert ESState.from_dict(document, es.arrays()).observations is None
 
 
@@ -97,7 +97,7 @@ def test_atari_frames_are_not_normalised(noise_cache) -> None:
     config = preset(inspect_env_id("Frostbite-v4"), algorithm="es", observation_norm=True,
                     pairs=1, noise_table_size=2**23)  # fmt: skip
     with pytest.raises(ValueError, match="not Atari"):
-        registry.get("es").create(config)
+        create_algorithm(config)
 
 
 def run_master(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:

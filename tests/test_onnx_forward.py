@@ -12,14 +12,20 @@ import numpy as np
 import pytest
 import torch
 
-import worker.onnx_forward as onnx_forward
+import worker.inference.engines.onnx_runtime as onnx_runtime_engine
 from neuro.decode import decode_genome
 from neuro.envs.make import make_env
 from neuro.noise import NoiseTableSpec, load_noise_table
 from tests.conftest import REPO, worker_env
-from worker.evaluator import EvaluationSpec, Evaluator
-from worker.policies import Policy, build_policy
-from worker.rollout import run_episode
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.inference import registry
+from worker.inference.base import NetSpec, NetWeights
+from worker.inference.engines.onnx_runtime.atari import OnnxAtariForward
+from worker.inference.engines.onnx_runtime.session import session
+from worker.inference.policy import Policy, build_policy
+from worker.inference.quantise import INT8_LEVELS, quantise_rows
+from worker.play.rollout import run_episode
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 ACTIONS = gym.spaces.Discrete(18)
@@ -42,10 +48,7 @@ def _pair(architecture: str, dtype: str, seed: int, scale: float = 1.0) -> tuple
 
 
 def _logits(policy: Policy, observations: np.ndarray) -> np.ndarray:
-    if policy._onnx is not None:
-        return policy._onnx(observations)
-    with torch.inference_mode():
-        return policy._forward(torch.from_numpy(observations)).float().numpy()
+    return policy.forward(observations)
 
 
 def _frostbite_observations(count: int) -> np.ndarray:
@@ -133,8 +136,8 @@ def test_a_row_computes_the_same_alone_or_in_a_batch(dtype: str) -> None:
     _, on_onnx = _pair("deepga", dtype, seed=5)
     observations = _frostbite_observations(6)
     observations[3:] //= 40  # much smaller inputs than their batch-mates'
-    batched = on_onnx._onnx(observations)
-    alone = np.concatenate([on_onnx._onnx(row[None]) for row in observations])
+    batched = on_onnx.forward(observations)
+    alone = np.concatenate([on_onnx.forward(row[None]) for row in observations])
     assert np.array_equal(batched, alone)
 
 
@@ -143,27 +146,27 @@ def test_a_reload_computes_what_the_first_load_did() -> None:
     _, policy = _pair("deepga", "int8", seed=1)
     first_genome = np.array(policy.flat_parameters)
     observations = _frostbite_observations(4)
-    first = policy._onnx(observations)
+    first = policy.forward(observations)
     other = (first_genome * -1.5).astype(np.float32)
     policy.load_parameters(other)
-    assert not np.array_equal(policy._onnx(observations), first)
+    assert not np.array_equal(policy.forward(observations), first)
     policy.load_parameters(first_genome)
-    assert np.array_equal(policy._onnx(observations), first)
+    assert np.array_equal(policy.forward(observations), first)
     # one observation goes through the session's I/O binding: the same numbers, and a
     # returned array is the caller's (the next call does not overwrite it)
-    alone = policy._onnx(observations[:1])
+    alone = policy.forward(observations[:1])
     assert np.array_equal(alone, first[:1])
-    policy._onnx(observations[1:2])
+    policy.forward(observations[1:2])
     assert np.array_equal(alone, first[:1])
     policy.load_parameters(other)
-    assert not np.array_equal(policy._onnx(observations[:1]), first[:1])
+    assert not np.array_equal(policy.forward(observations[:1]), first[:1])
 
 
 def test_the_int8_rows_are_torchs_integers_and_scales() -> None:
-    """The onnxruntime engine quantises the dense layer in numpy: the same integers and row
-    scales as torch's quantize_per_channel (what the torch engine packs), over weights of
-    many magnitudes, an all-zero row and denormal-sized ones."""
-    from worker.atari_net import int8_rows, int8_rows_numpy
+    """Both engines' int8 dense layer comes from the one numpy quantiser: torch's
+    quantize_per_channel rounds to the same integers, and the scales are max|w| / 127, over
+    weights of many magnitudes, an all-zero row and denormal-sized entries."""
+    from worker.inference.engines.torch_cpu.layers import int8_rows
 
     rng = np.random.default_rng(4)
     for magnitude in (1e-4, 1e-2, 1.0, 30.0):
@@ -171,10 +174,19 @@ def test_the_int8_rows_are_torchs_integers_and_scales() -> None:
         weight[3] = 0.0
         weight[5, :10] = np.float32(1e-30)
         weight[7, 0] = 127 * magnitude  # an exact tie of w / scale at the row's maximum
-        quantised, scales = int8_rows(torch.from_numpy(weight))
-        integers, numpy_scales = int8_rows_numpy(weight)
-        assert np.array_equal(integers, quantised.int_repr().numpy())
-        assert np.array_equal(numpy_scales, scales.numpy())
+        integers, scales = quantise_rows(weight, INT8_LEVELS)
+        packed = int8_rows(torch.from_numpy(weight))  # what the torch engine packs
+        assert np.array_equal(integers, packed.int_repr().numpy())
+        assert np.array_equal(scales.astype(np.float64), packed.q_per_channel_scales().numpy())
+        # torch's own quantiser, given those scales, rounds to the same integers.
+        reference = torch.quantize_per_channel(
+            torch.from_numpy(weight), torch.from_numpy(scales).double(),
+            torch.zeros(len(scales), dtype=torch.long), 0, torch.qint8,
+        )  # fmt: skip
+        assert np.array_equal(integers, reference.int_repr().numpy())
+        live = np.abs(weight).max(axis=1) > 0
+        expected = torch.from_numpy(weight).abs().amax(dim=1) / 127
+        assert np.array_equal(scales[live], expected.numpy()[live])
 
 
 def test_onnxruntime_rounds_to_bfloat16_as_torch_does() -> None:
@@ -196,7 +208,7 @@ def test_onnxruntime_rounds_to_bfloat16_as_torch_does() -> None:
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    rounded = onnx_forward.session(model).run(None, {"x": values})[0]
+    rounded = session(model).run(None, {"x": values})[0]
     expected = torch.from_numpy(values).to(torch.bfloat16).float().numpy()
     assert np.array_equal(rounded.view(np.uint32), expected.view(np.uint32))
 
@@ -207,21 +219,24 @@ def test_what_onnxruntime_does_not_compute_runs_on_torch() -> None:
     vector = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     mlp = build_policy("mlp", vector, gym.spaces.Discrete(2), inference_engine="onnxruntime")
     assert mlp.inference_engine == "torch"
+    spec = NetSpec("deepga", (4, 84, 84), 18, dtype="bfloat16")
+    weights = NetWeights(np.zeros(4_052_658, np.float32), spec.layout)
     with pytest.raises(ValueError, match="'bfloat16'"):
-        onnx_forward.OnnxAtariForward("bfloat16", [4, 2, 1], [(0, 0, 0, 0)] * 3, (4, 84, 84))
+        OnnxAtariForward(spec, weights)
 
 
 def test_the_default_engine_is_onnxruntime_unless_the_environment_says_otherwise(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("NEURO_INFERENCE_ENGINE", raising=False)
-    assert onnx_forward.default_inference_engine() == "onnxruntime"
+    assert registry.preferred_engine() == "onnxruntime"
     assert build_policy("deepga", ATARI_OBS, ACTIONS).inference_engine == "onnxruntime"
     monkeypatch.setenv("NEURO_INFERENCE_ENGINE", "torch")
     assert Evaluator().inference_engine == "torch"
     monkeypatch.delenv("NEURO_INFERENCE_ENGINE")
-    monkeypatch.setattr(onnx_forward, "onnxruntime_installed", lambda: False)
-    assert onnx_forward.default_inference_engine() == "torch"
+    monkeypatch.setattr(onnx_runtime_engine, "installed", lambda: False)
+    assert registry.preferred_engine() == "torch"
+    assert build_policy("deepga", ATARI_OBS, ACTIONS).inference_engine == "torch"
 
 
 def test_a_bad_engine_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -229,9 +244,9 @@ def test_a_bad_engine_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> Non
         build_policy("deepga", ATARI_OBS, ACTIONS, inference_engine="tpu")
     with pytest.raises(ValueError, match="'tpu'"):
         Evaluator(inference_engine="tpu")
-    monkeypatch.setattr(onnx_forward, "onnxruntime_installed", lambda: False)
+    monkeypatch.setattr(onnx_runtime_engine, "installed", lambda: False)
     with pytest.raises(ValueError, match="pip install"):
-        onnx_forward.check_inference_engine("onnxruntime")
+        registry.check_preference("onnxruntime")
     done = subprocess.run(
         [sys.executable, "-m", "worker", "--master", "127.0.0.1:1", "--inference-engine", "tpu"],
         cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=120,

@@ -19,7 +19,8 @@ import pytest
 
 from master.algorithms.ga import EvaluationRequest, Genome
 from master.fleet.leases import Disposition
-from master.fleet.scheduler import Fleet, FleetSettings, PhaseOutcome, TaskOutcome, WorkerRoster
+from master.fleet.roster import WorkerRoster
+from master.fleet.scheduler import Fleet, FleetSettings, PhaseOutcome, TaskOutcome
 from master.observe.status import format_status
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
@@ -429,7 +430,7 @@ def test_a_batched_worker_of_more_env_slots_than_one_lease_allows_asks_within_th
 
 def test_the_worker_bounds_what_it_sends_about_failures(monkeypatch: pytest.MonkeyPatch) -> None:
     from worker import client as worker_client
-    from worker.evaluator import EnvBuildError
+    from worker.play.envs import EnvBuildError
 
     monkeypatch.setattr(worker_client, "spec_from_task", lambda task: None)
     client = worker_client.WorkerClient("127.0.0.1:1", "w", evaluator=None)  # type: ignore[arg-type]

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from master.cli import local_worker_cpus
-from master.run.local_workers import LocalWorkers
+from master.run.local_workers import LocalWorkers, local_worker_cpus
 from neuro.cpus import format_cpu_list, parse_cpu_list
 from tests.conftest import spawn_worker, stop_processes
 from tests.harness import live_master
@@ -58,11 +57,12 @@ def test_the_batched_worker_is_never_pinned(capsys):
         (2, "float32", ["--cpu", "1"], [0, 1], ()),
     ],
 )
+@pytest.mark.parametrize("architecture", ["deepga", "mlp"])
 def test_local_workers_are_pinned_one_per_cpu_when_they_are_per_core_workers(
-    count, dtype, worker_arg, allowed, cpus, monkeypatch
+    count, dtype, worker_arg, allowed, cpus, architecture, monkeypatch
 ):
-    monkeypatch.setattr("master.cli._sibling_rank", lambda cpu: 0)
-    assert local_worker_cpus(worker_arg, count, dtype, allowed) == cpus
+    monkeypatch.setattr("master.run.local_workers._sibling_rank", lambda cpu: 0)
+    assert local_worker_cpus(worker_arg, count, dtype, architecture, allowed) == cpus
 
 
 @pytest.mark.parametrize(
@@ -73,9 +73,9 @@ def test_local_workers_are_pinned_one_per_cpu_when_they_are_per_core_workers(
     ],
 )
 def test_local_workers_take_one_thread_of_every_core_before_a_sibling(ranks, cpus, monkeypatch):
-    monkeypatch.setattr("master.cli._sibling_rank", ranks.__getitem__)
-    assert local_worker_cpus([], 2, "float32", [0, 1, 2, 3]) == cpus
-    assert len(set(local_worker_cpus([], 4, "float32", [0, 1, 2, 3]))) == 4
+    monkeypatch.setattr("master.run.local_workers._sibling_rank", ranks.__getitem__)
+    assert local_worker_cpus([], 2, "float32", "deepga", [0, 1, 2, 3]) == cpus
+    assert len(set(local_worker_cpus([], 4, "float32", "deepga", [0, 1, 2, 3]))) == 4
 
 
 def test_cpu_lists_read_and_written_as_the_kernel_writes_them():

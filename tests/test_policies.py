@@ -1,4 +1,4 @@
-"""Tests for the policy networks and their flat parameter buffer."""
+"""The policy (flat parameter buffer, action head) and the torch engine's passes."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from worker import atari_net
-from worker.policies import build_policy
+from worker.inference.engines.torch_cpu import layers as torch_layers
+from worker.inference.policy import build_policy
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 
 
-def _atari(arch: str, n_actions: int = 18, engine: str | None = None):
+def _atari(arch: str, n_actions: int = 18, engine: str = "torch"):
     return build_policy(arch, ATARI_OBS, gym.spaces.Discrete(n_actions), inference_engine=engine)
 
 
@@ -27,7 +27,7 @@ def _random_params(policy, seed: int = 0, scale: float = 0.05) -> np.ndarray:
 
 def _conv_shapes(policy, obs: np.ndarray) -> list[tuple[int, ...]]:
     """The conv layers' output shapes in the network's own forward pass."""
-    net = policy.module
+    net = policy.forward.module
     shapes = []
     hooks = [conv.register_forward_hook(lambda _m, _i, out: shapes.append(tuple(out.shape[1:])))
              for conv in (net.conv1, net.conv2, net.conv3)]  # fmt: skip
@@ -57,12 +57,12 @@ def test_atari_parameter_counts(arch, count):
 def test_conv_output_shapes(arch, shapes):
     policy = _atari(arch)
     assert _conv_shapes(policy, np.zeros((4, 84, 84), np.uint8)) == shapes
-    assert policy.module.conv_output_shape == shapes[-1]
+    assert policy.forward.module.conv_output_shape == shapes[-1]
 
 
 def test_deepga_same_padding_puts_extra_pixel_after():
     # TF SAME: conv2 on 21x21 with k=4, s=2 pads 1 before and 2 after.
-    assert _atari("deepga").module.pads == [(2, 2, 2, 2), (1, 2, 1, 2), (1, 1, 1, 1)]
+    assert _atari("deepga").forward.module.pads == [(2, 2, 2, 2), (1, 2, 1, 2), (1, 1, 1, 1)]
 
 
 def test_parameter_layout_order():
@@ -92,7 +92,7 @@ def test_parameter_layout_order():
 
 def test_load_parameters_shares_one_buffer():
     policy = build_policy("mlp", CARTPOLE_OBS, gym.spaces.Discrete(2), hidden_sizes=(8, 8))
-    params = [p for _, p in policy.module.named_parameters()]
+    params = [p for _, p in policy.forward.module.named_parameters()]
     flat = _random_params(policy)
     policy.load_parameters(flat)
     joined = torch.cat([p.detach().reshape(-1) for p in params]).numpy()
@@ -195,13 +195,13 @@ def test_packed_convolutions_compute_what_the_plain_network_does(arch):
     rounding, same actions, and each row the same whatever batch it is in."""
     policy = _atari(arch, engine="torch")
     policy.load_parameters(_random_params(policy, seed=4) * policy.init_scale() * 20)
-    if torch.float32 in atari_net.FUSED_CONV_DTYPES:
-        assert isinstance(policy._inference_module.conv2, atari_net.FusedConv2dReLU)
+    if torch.float32 in torch_layers.FUSED_CONV_DTYPES:
+        assert isinstance(policy.forward.inference_module.conv2, torch_layers.FusedConv2dReLU)
     obs = np.random.default_rng(6).integers(0, 256, (8, *ATARI_OBS.shape), dtype=np.uint8)
     with torch.inference_mode():
-        plain = policy.module(torch.from_numpy(obs))
-        packed = policy._inference_module(torch.from_numpy(obs))
-        conv1 = policy._inference_module.conv1
+        plain = policy.forward.module(torch.from_numpy(obs))
+        packed = policy.forward.inference_module(torch.from_numpy(obs))
+        conv1 = policy.forward.inference_module.conv1
         # The inference copy's conv1 takes the observation unscaled (its weights carry 1/255).
         raw = torch.from_numpy(obs).float().contiguous(memory_format=torch.channels_last)
         batch = conv1(raw)
@@ -223,13 +223,13 @@ def test_the_bound_forward_pass_is_the_modules_bit_for_bit(arch, dtype):
     rng = np.random.default_rng(9)
     for genome in range(2):
         policy.load_parameters(_random_params(policy, seed=genome) * policy.init_scale() * 20)
-        if torch.float32 in atari_net.FUSED_CONV_DTYPES:
-            assert policy._forward is not policy._inference_module
+        if torch.float32 in torch_layers.FUSED_CONV_DTYPES:
+            assert policy.forward._forward is not policy.forward.inference_module
         for batch in (1, 3):
             obs = torch.from_numpy(rng.integers(0, 256, (batch, *ATARI_OBS.shape), np.uint8))
             with torch.inference_mode():
-                bound = policy._forward(obs)
-                module = policy._inference_module(obs)
+                bound = policy.forward._forward(obs)
+                module = policy.forward.inference_module(obs)
             assert bound.dtype == torch.float32
             assert torch.equal(bound, module.float())
             assert bound.abs().max() > 1e-2
@@ -247,11 +247,13 @@ def test_single_observation_passes_reuse_buffers_without_mixing_steps(arch, dtyp
     policy.load_parameters(_random_params(policy, seed=3) * policy.init_scale() * 20)
     observations = np.random.default_rng(4).integers(0, 256, (4, *ATARI_OBS.shape), np.uint8)
     with torch.inference_mode():
-        returned = [policy._forward(torch.from_numpy(obs[None])) for obs in observations]
+        returned = [policy.forward._forward(torch.from_numpy(obs[None])) for obs in observations]
         kept = [result.clone() for result in returned]
-        policy._forward(torch.from_numpy(observations))  # a batched pass in between
-        again = policy._forward(torch.from_numpy(observations[:1]))
-        expected = [policy._inference_module(torch.from_numpy(o[None])) for o in observations]
+        policy.forward._forward(torch.from_numpy(observations))  # a batched pass in between
+        again = policy.forward._forward(torch.from_numpy(observations[:1]))
+        expected = [
+            policy.forward.inference_module(torch.from_numpy(o[None])) for o in observations
+        ]
     for result, copy_, reference in zip(returned, kept, expected, strict=True):
         assert torch.equal(result, copy_)
         assert torch.equal(result, reference.float())
@@ -272,31 +274,33 @@ def test_bfloat16_convolutions_emulated_on_float32_ones_compute_what_bfloat16_on
         return build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype=dtype,
                             inference_engine="torch")  # fmt: skip
 
-    monkeypatch.setattr(atari_net, "FUSED_CONV_DTYPES", frozenset({torch.float32}))
+    monkeypatch.setattr(torch_layers, "FUSED_CONV_DTYPES", frozenset({torch.float32}))
     emulated = on_torch()
-    monkeypatch.setattr(atari_net, "FUSED_CONV_DTYPES", frozenset())
+    monkeypatch.setattr(torch_layers, "FUSED_CONV_DTYPES", frozenset())
     plain = on_torch()
-    conv2 = emulated._inference_module.conv2
-    assert isinstance(conv2, atari_net.FusedConv2dReLU)
+    conv2 = emulated.forward.inference_module.conv2
+    assert isinstance(conv2, torch_layers.FusedConv2dReLU)
     assert conv2.output_dtype == torch.bfloat16 and conv2.weight.dtype == torch.float32
-    assert plain._inference_module.conv2.weight.dtype == torch.bfloat16
+    assert plain.forward.inference_module.conv2.weight.dtype == torch.bfloat16
     rng = np.random.default_rng(12)
     for genome in range(2):
         theta = _random_params(emulated, seed=genome) * emulated.init_scale() * 20
         emulated.load_parameters(theta)
         plain.load_parameters(theta)
         # Every weight of the emulated layers is a bfloat16 value, and the same one.
-        weight = emulated._inference_module.conv3.weight
+        weight = emulated.forward.inference_module.conv3.weight
         assert torch.equal(weight, weight.to(torch.bfloat16).float())
-        assert torch.equal(weight, plain._inference_module.conv3.weight.float())
+        assert torch.equal(weight, plain.forward.inference_module.conv3.weight.float())
         obs = torch.from_numpy(rng.integers(0, 256, (16, *ATARI_OBS.shape), dtype=np.uint8))
         with torch.inference_mode():
-            bound = emulated._forward(obs)
-            one_by_one = [emulated._forward(row[None]) for row in obs[:4]]
-            module_one_by_one = [emulated._inference_module(row[None]).float() for row in obs[:4]]
-            module = emulated._inference_module(obs).float()
-            reference = plain._inference_module(obs).float()
-        assert emulated._forward is not emulated._inference_module
+            bound = emulated.forward._forward(obs)
+            one_by_one = [emulated.forward._forward(row[None]) for row in obs[:4]]
+            module_one_by_one = [
+                emulated.forward.inference_module(row[None]).float() for row in obs[:4]
+            ]
+            module = emulated.forward.inference_module(obs).float()
+            reference = plain.forward.inference_module(obs).float()
+        assert emulated.forward._forward is not emulated.forward.inference_module
         assert torch.equal(bound, module)
         assert torch.equal(torch.cat(one_by_one), torch.cat(module_one_by_one))
         assert torch.allclose(bound, reference, rtol=0.05, atol=0.05 * reference.abs().max())
@@ -305,13 +309,13 @@ def test_bfloat16_convolutions_emulated_on_float32_ones_compute_what_bfloat16_on
 
 
 def test_bfloat16_on_a_cpu_without_it_says_int8_is_faster(monkeypatch, caplog):
-    monkeypatch.setattr(atari_net, "FUSED_CONV_DTYPES", frozenset({torch.float32}))
-    atari_net.warn_if_bfloat16_is_slow.cache_clear()
-    with caplog.at_level("WARNING", logger="worker.atari_net"):
+    monkeypatch.setattr(torch_layers, "FUSED_CONV_DTYPES", frozenset({torch.float32}))
+    torch_layers.warn_if_bfloat16_is_slow.cache_clear()
+    with caplog.at_level("WARNING", logger="worker.inference.engines.torch_cpu.layers"):
         build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype="int8")
         assert not caplog.records
         for _ in range(2):
             build_policy("deepga", ATARI_OBS, gym.spaces.Discrete(18), inference_dtype="bfloat16")
     assert len(caplog.records) == 1  # once per process
     assert "bfloat16" in caplog.text and "int8 is the faster choice" in caplog.text
-    atari_net.warn_if_bfloat16_is_slow.cache_clear()
+    torch_layers.warn_if_bfloat16_is_slow.cache_clear()

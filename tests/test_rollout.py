@@ -9,11 +9,12 @@ import pytest
 
 from neuro.envs.make import make_env
 from neuro.noise import NoiseTableSpec
-from worker.evaluator import Evaluation, EvaluationSpec, Evaluator
-from worker.policies import build_policy
-from worker.replay import evaluate_policy
-from worker.rollout import FunctionActor, Rollout, StepTimers, play, run_episode
-from worker.slots import SlotRunner
+from worker.evaluation.evaluator import Evaluation, Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.inference.policy import build_policy
+from worker.offline.replay import evaluate_policy
+from worker.play.rollout import FunctionActor, Rollout, StepTimers, play, run_episode
+from worker.runners.per_genome import SlotRunner
 
 CARTPOLE = EvaluationSpec(env_id="CartPole-v1", seeds=(7, 8, 9), mutation_power=0.05,
                           noise_table=NoiseTableSpec(seed=123, size=2**16), architecture="mlp",
@@ -47,7 +48,7 @@ def one_episode_at_a_time(spec: EvaluationSpec, cache: Path) -> Evaluation:
     env = handle.env
     policy = build_policy(spec.architecture, env.observation_space, env.action_space,
                           spec.hidden_sizes)  # fmt: skip
-    policy.load_parameters(Evaluator(str(cache)).parameters(spec, policy))
+    policy.load_parameters(Evaluator(str(cache)).parameters(spec, policy.spec))
     episodes = [run_episode(policy.act, handle, spec.max_episode_steps,
                             spec.env_seed if episode == 0 else None)
                 for episode in range(spec.episodes)]  # fmt: skip

@@ -12,7 +12,7 @@ import pytest
 from neuro.decode import GenomeDecoder, decode_genome
 from neuro.noise import NoiseTableSpec, load_noise_table
 from neuro.shared_store import SharedVectorStore
-from worker.policies import build_policy
+from worker.inference.policy import build_policy
 
 SIGMA = 0.01
 

@@ -7,8 +7,10 @@ import dataclasses
 import pytest
 
 from neuro.noise import NoiseTableSpec
-from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator
-from worker.slots import SlotRunner
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.play.envs import EnvBuildError
+from worker.runners.per_genome import SlotRunner
 
 TABLE = NoiseTableSpec(seed=123, size=2**16)
 

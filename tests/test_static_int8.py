@@ -14,14 +14,14 @@ import pytest
 
 from tests.conftest import REPO, worker_env
 from worker import evaluate_policy
-from worker.evaluator import Evaluator
-from worker.onnx_forward import onnxruntime_installed
-from worker.policies import build_policy
-from worker.static_int8 import (
+from worker.evaluation.calibration import calibration_observations
+from worker.evaluation.evaluator import Evaluator
+from worker.inference.engines.onnx_runtime.session import installed as onnxruntime_installed
+from worker.inference.policy import build_policy
+from worker.inference.static_int8 import (
     ACTIVATION_LEVELS,
     WEIGHT_LEVELS,
     QuantisedAtariNet,
-    calibration_observations,
     quantised_rows,
 )
 
@@ -68,7 +68,7 @@ def test_each_layers_scale_is_set_by_its_largest_calibration_output(frostbite_fr
                           inference_engine="torch", calibration=frostbite_frames)  # fmt: skip
     for theta in genomes(policy, 2, seed=5):
         policy.load_parameters(theta)
-        static = policy._static
+        static = policy.forward
         layers = static.calibrated.layer_bytes(static.net, frostbite_frames)
         for outputs in layers:
             values = outputs.numpy()
@@ -101,9 +101,9 @@ def test_onnxruntime_and_torch_compute_the_same_integers(frostbite_frames, archi
     for theta in genomes(engines["torch"], 3, seed=1):
         for policy in engines.values():
             policy.load_parameters(theta)
-        on_torch = engines["torch"]._static(observations)
-        on_onnx = engines["onnxruntime"]._static(observations)
-        one_by_one = np.concatenate([engines["onnxruntime"]._static(o[None]) for o in observations])
+        on_torch = engines["torch"].forward(observations)
+        on_onnx = engines["onnxruntime"].forward(observations)
+        one_by_one = np.concatenate([engines["onnxruntime"].forward(o[None]) for o in observations])
         # One byte off anywhere would move a logit by ~1e-3 of its size.
         np.testing.assert_allclose(on_onnx, on_torch, rtol=1e-5, atol=1e-6 * np.abs(on_torch).max())
         assert np.array_equal(one_by_one, on_onnx)
@@ -119,11 +119,11 @@ def test_a_policy_runs_the_genome_last_loaded(frostbite_frames):
                          calibration=frostbite_frames)  # fmt: skip
     first, second = genomes(reused, 2, seed=3)
     reused.load_parameters(first)
-    before = reused._static(frostbite_frames)
+    before = reused.forward(frostbite_frames)
     reused.load_parameters(second)
     fresh.load_parameters(second)
-    after = reused._static(frostbite_frames)
-    assert np.array_equal(after, fresh._static(frostbite_frames))
+    after = reused.forward(frostbite_frames)
+    assert np.array_equal(after, fresh.forward(frostbite_frames))
     assert not np.array_equal(before, after)
 
 
@@ -164,7 +164,7 @@ def test_golden_a_genome_quantises_to_the_same_net_in_every_release():
     policy = build_policy("deepga", ATARI_OBS, ACTIONS, inference_dtype=STATIC,
                           inference_engine="torch", calibration=frames)  # fmt: skip
     policy.load_parameters(genomes(policy, 1, seed=7)[0])
-    net = policy._static.net
+    net = policy.forward.net
     assert [float(s) for s in net.output_scales] == pytest.approx(GOLDEN_SCALES, rel=1e-6)
     assert quantised_digest(net) == GOLDEN_DIGEST
 
@@ -174,7 +174,9 @@ GOLDEN_DIGEST = "9919ce250211c0ba4dc3aad86696ff7d98021a355fabb8f4e581a9bef577655
 
 
 def test_what_it_cannot_quantise_is_refused_by_name(frostbite_frames):
-    with pytest.raises(ValueError, match="'int8-static' quantises the Atari nets"):
+    with pytest.raises(
+        ValueError, match="'int8-static' runs on the deepga, nature nets, not 'mlp'"
+    ):
         build_policy("mlp", gym.spaces.Box(-1, 1, (8,), np.float32), gym.spaces.Discrete(4),
                      (16,), inference_dtype=STATIC, calibration=frostbite_frames)  # fmt: skip
     with pytest.raises(ValueError, match="needs calibration observations"):

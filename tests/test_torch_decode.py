@@ -13,8 +13,8 @@ from neuro.decode import DecodeStats, decode_genome
 from neuro.genome import Genome
 from neuro.noise import NoiseTableSpec, load_noise_table
 from tests.test_decode import GOLDEN_MLP_CARTPOLE, GOLDEN_NATURE_18, SEEDS, SIGMA
-from worker.policies import build_policy
-from worker.torch_decode import TorchDecoder, decode_genome_torch, device_table
+from worker.evaluation.device_decode import TorchDecoder, decode_genome_torch, device_table
+from worker.inference.policy import build_policy
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)

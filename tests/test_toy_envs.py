@@ -17,8 +17,8 @@ from master.config import inspect_env_id, preset
 from neuro.envs import Memorize, MemorizeUntilMistake, memorize_dataset, register_envs
 from neuro.envs.make import make_env
 from tests.conftest import REPO, worker_env
-from worker.policies import build_policy
-from worker.rollout import run_episode
+from worker.inference.policy import build_policy
+from worker.play.rollout import run_episode
 
 register_envs()
 
@@ -204,7 +204,7 @@ def test_a_ga_run_learns_to_memorise(noise_cache, tmp_path):
     assert elite[-1] > elite[0], elite
     assert all(-32 <= score <= 0 for score in elite)
     # The fitness is deterministic: a replay scores the elite's score on any env seed.
-    from worker.replay import evaluate_policy
+    from worker.offline.replay import evaluate_policy
 
     best = json.loads((tmp_path / "run" / "best_genome.json").read_text())
     assert (best["env_id"], best["elite_score"]) == (env_id, elite[-1])

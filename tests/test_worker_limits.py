@@ -22,8 +22,9 @@ from neuro.layout import parameter_layout
 from neuro.noise import NoiseTableSpec
 from neuro.v1 import evolution_pb2 as pb
 from worker.client import fetch_parameters, spec_from_task
-from worker.evaluator import EvaluationSpec, Evaluator
-from worker.policies import build_policy
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.inference.policy import build_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = EvaluationSpec(env_id="CartPole-v1", seeds=(1, 2, 3), mutation_power=0.05,
@@ -166,7 +167,7 @@ def test_a_network_over_the_limit_is_refused_before_its_parameters_are_allocated
     # MemoryError; the check must come first and name the count.
     count = _count("mlp", (2**16, 2**16), inputs=8, outputs=2)
     outcome = _run_capped(
-        "import gymnasium as gym\nfrom worker.policies import build_policy\n",
+        "import gymnasium as gym\nimport torch\nfrom worker.inference.policy import build_policy\n",
         "build_policy('mlp', gym.spaces.Box(-1, 1, (8,)), gym.spaces.Discrete(2), (2**16, 2**16))",
     )
     assert outcome.startswith("REFUSED") and str(count) in outcome, outcome
@@ -181,9 +182,9 @@ def test_a_network_larger_than_the_noise_table_is_refused_before_the_table_is_bu
     spec = dataclasses.replace(GOOD, noise_table=NoiseTableSpec(seed=9, size=1000))
     policy = build_policy("mlp", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), (64, 64))
     with pytest.raises(ValueError, match=f"{policy.num_params}.*1000"):
-        evaluator.decoder(spec, policy)
+        evaluator.decoder(spec, policy.spec)
     with pytest.raises(ValueError, match=f"{policy.num_params}.*1000"):
-        evaluator.parameters(dataclasses.replace(spec, perturbation=(0, 1, 1, 0.1)), policy)
+        evaluator.parameters(dataclasses.replace(spec, perturbation=(0, 1, 1, 0.1)), policy.spec)
     assert not list(tmp_path.glob("*.f32"))
 
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from neuro.allocator import TCMALLOC, tcmalloc_installed, this_process_allocator
 from neuro.cpus import format_cpu_list
 from neuro.wire import DEFAULT_MASTER, load_token
-from worker.envs import ATARI_ENGINES, DEFAULT_ATARI_ENGINE
-from worker.onnx_forward import check_inference_engine, default_inference_engine
+from worker.inference.registry import check_preference, preferred_engine
+from worker.play.envs import ATARI_BACKENDS, DEFAULT_ATARI_BACKEND
 
 if TYPE_CHECKING:
     from worker.client import WorkerClient
@@ -112,7 +112,7 @@ def worker_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--atari-engine",
-        default=os.environ.get("NEURO_ATARI_ENGINE", DEFAULT_ATARI_ENGINE),
+        default=os.environ.get("NEURO_ATARI_ENGINE", DEFAULT_ATARI_BACKEND),
         help="what plays paper-protocol Atari: vector (ale-py's C++ vector env, one call steps "
         "all slots of a game) or gym (gymnasium wrappers); registered dynamics and non-Atari "
         "envs are gymnasium either way (env NEURO_ATARI_ENGINE; default %(default)s)",
@@ -221,12 +221,12 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--shared-cache-mb must be >= 0, got {args.shared_cache_mb}")
     if args.slots < 1:
         parser.error(f"--slots must be >= 1, got {args.slots}")
-    if args.atari_engine not in ATARI_ENGINES:
+    if args.atari_engine not in ATARI_BACKENDS:
         parser.error(f"--atari-engine (or NEURO_ATARI_ENGINE) must be one of "
-                     f"{', '.join(ATARI_ENGINES)}, got {args.atari_engine!r}")  # fmt: skip
-    inference_engine = args.inference_engine or default_inference_engine()
+                     f"{', '.join(ATARI_BACKENDS)}, got {args.atari_engine!r}")  # fmt: skip
+    inference_engine = args.inference_engine or preferred_engine()
     try:
-        check_inference_engine(inference_engine)
+        check_preference(inference_engine)
     except ValueError as error:
         parser.error(f"--inference-engine (or NEURO_INFERENCE_ENGINE): {error}")
     if args.torch_threads < 1:
@@ -235,7 +235,7 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--envs (or NEURO_ENVS) must be >= 0, got {args.envs}")
     device = args.device
     if device != "cpu":  # only asking torch about CUDA costs its import
-        from worker.batched_runner import resolve_device
+        from worker.inference.devices import resolve_device
 
         try:
             device = resolve_device(device)
@@ -359,7 +359,7 @@ def _build_client(settings: WorkerSettings) -> WorkerClient:
 
     from neuro.shared_store import SharedVectorStore
     from worker.client import WorkerClient
-    from worker.evaluator import Evaluator
+    from worker.evaluation.evaluator import Evaluator
 
     torch.set_num_threads(settings.torch_threads)
     shared = (
@@ -375,7 +375,7 @@ def _build_client(settings: WorkerSettings) -> WorkerClient:
             settings.noise_cache,
             settings.decode_cache_mb * 2**20,
             shared,
-            atari_engine=settings.atari_engine,
+            atari_backend=settings.atari_engine,
             inference_engine=settings.inference_engine,
         ),
         prefetch=settings.prefetch,
@@ -391,7 +391,7 @@ def _build_client(settings: WorkerSettings) -> WorkerClient:
 def _batched_runner(settings: WorkerSettings) -> Callable:
     """Builds the batched runner in the main thread: `envs` slots on the device, the C++
     vector env stepping them on the host's cores."""
-    from worker.batched_runner import BatchedSlotRunner
+    from worker.runners.batched import BatchedSlotRunner
 
     threads = max(1, min(settings.envs, os.cpu_count() or 1)) if settings.device == "cuda" else 1
 
@@ -455,8 +455,8 @@ def eval_main(argv: list[str] | None = None) -> int:
     if args.video and not 1 <= video_episodes <= args.episodes:
         parser.error(f"--video-episodes must be between 1 and --episodes ({args.episodes}), "
                      f"got {video_episodes}")  # fmt: skip
-    from worker.evaluator import mean_and_spread
-    from worker.replay import evaluate_policy, load_genome_file, resolve_genome_path
+    from worker.evaluation.evaluator import mean_and_spread
+    from worker.offline.replay import evaluate_policy, load_genome_file, resolve_genome_path
 
     video = None
     try:

@@ -29,9 +29,12 @@ from neuro.noise import NoiseTableSpec
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
 from neuro.wire import MAX_TASKS_PER_LEASE, open_channel
-from worker.evaluator import EnvBuildError, EvaluationSpec, Evaluator, NotRunnableHere
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec
 from worker.limits import MAX_PARAMS, check_spec
-from worker.slots import SlotRunner, StepTimers
+from worker.play.envs import EnvBuildError, NotRunnableHere
+from worker.play.rollout import StepTimers
+from worker.runners.per_genome import SlotRunner
 
 log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 10.0

@@ -7,17 +7,16 @@ the worker reports it with an error naming the value and takes the next one.
 from __future__ import annotations
 
 from neuro.envs.behaviour import MAX_BEHAVIOUR_SIZE
+from neuro.inference import ARCHITECTURES, INFERENCE_DTYPES, check_combination
 from neuro.layout import (
-    ARCHITECTURES,
     ATARI_SHAPE,
-    INFERENCE_DTYPES,
     MAX_PARAMS,
     check_parameter_count,
     parameter_count,
     parameter_layout,
 )
 from neuro.observation_stats import MAX_OBSERVATION_SIZE
-from worker.evaluator import EvaluationSpec
+from worker.evaluation.spec import EvaluationSpec
 
 __all__ = [
     "MAX_ENV_ID_LENGTH",
@@ -76,6 +75,8 @@ def check_spec(spec: EvaluationSpec) -> EvaluationSpec:
             f"inference dtype {spec.inference_dtype!r} is not one of {', '.join(INFERENCE_DTYPES)}"
         )
     if spec.architecture in ARCHITECTURES:  # an unknown one is named by build_policy
+        # The shared table: a dtype that no engine runs on this network is refused by name.
+        check_combination(spec.inference_dtype, spec.architecture)
         floor = minimum_parameter_count(spec.architecture, spec.hidden_sizes)
         check_parameter_count(floor, spec.noise_table.size)
     return spec

@@ -4,27 +4,66 @@ An entry knows which config sections hold its settings and makes a fresh instanc
 restored from a checkpoint, for a run. Registering an entry here is all the rest of the master
 needs, and tests/test_algorithm_contract.py then holds it to the interface of
 master.algorithms.base.
+
+Like the algorithms, the entries do no I/O: what a run's algorithm is made from beyond its
+settings (the noise table, the env's spaces) is read by master.run.algorithm and handed in as
+plain values, as each entry's needs_* flags ask.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from master.algorithms.base import Algorithm
-from master.algorithms.es import EvolutionStrategy
-from master.algorithms.ga import GeneticAlgorithm
+from master.algorithms.base import Algorithm, Parameters
+from master.algorithms.es import ESConfig, EvolutionStrategy
+from master.algorithms.ga import GAConfig, GeneticAlgorithm
 from master.algorithms.ga_ns import NoveltyGA
+from master.algorithms.novelty import NoveltyConfig
 from master.algorithms.ns_es import NoveltyRewardSearchES, NoveltySearchES
+from neuro.decode import decode_genome
+from neuro.genome import Genome
+from neuro.layout import init_scale, parameter_layout
 
-# Only for annotations: this module is handed a RunConfig and reads its fields, so it never
-# imports master.config at run time, and master.config can take ALGORITHMS from here without
-# an import cycle (the names live once, with the entries that define them).
-if TYPE_CHECKING:
-    from master.config import RunConfig
+
+class RunSettings(Protocol):
+    """What an entry reads of a run's settings; master.config.RunConfig is one.
+
+    Declared here rather than imported: master.config takes ALGORITHMS from this module, so
+    this room names nothing above it, not even for annotations.
+    """
+
+    @property
+    def atari(self) -> bool: ...
+    @property
+    def architecture(self) -> str: ...
+    @property
+    def hidden_sizes(self) -> tuple[int, ...]: ...
+    @property
+    def ga(self) -> GAConfig: ...
+    @property
+    def es(self) -> ESConfig | None: ...
+    @property
+    def novelty(self) -> NoveltyConfig | None: ...
+    def genome_document(self, genome: Genome) -> dict[str, Any]: ...
+    def parameters_document(self, parameters: Parameters) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class EnvSpaces:
+    """The env's spaces, as far as a parameter vector's layout needs them."""
+
+    observation_shape: tuple[int, ...]
+    outputs: int
+    """Discrete actions: their number; a vector action: its size."""
+
+    @property
+    def observation_size(self) -> int:
+        """The flattened size of one observation."""
+        return int(np.prod(self.observation_shape))
 
 
 @dataclass(frozen=True)
@@ -35,136 +74,141 @@ class Entry:
     sections: tuple[str, ...]
     """The RunConfig fields holding its hyperparameters ("ga", "es", "novelty"); a run of it
     sets those of "es" and "novelty" it names and leaves the others None."""
-    create: Callable[[RunConfig], Algorithm]
-    """A new instance at generation 0."""
-    restore: Callable[[RunConfig, Mapping[str, Any], np.ndarray | None], Algorithm]
-    """The instance a checkpoint's state document (and its sidecar arrays, if any) describe."""
-    elite_document: Callable[[RunConfig, Any], dict[str, Any]]
+    create: Callable[[RunSettings, np.ndarray | None, EnvSpaces | None], Algorithm]
+    """A new instance at generation 0, from (settings, noise table, env spaces)."""
+    restore: Callable[[RunSettings, np.ndarray | None, Mapping[str, Any], np.ndarray | None],
+                      Algorithm]  # fmt: skip
+    """The instance a checkpoint's state document (and its sidecar arrays, if any) describe,
+    from (settings, noise table, document, arrays)."""
+    elite_document: Callable[[RunSettings, Any], dict[str, Any]]
     """The replayable document of a summary's elite: what elite_genome.json holds."""
-    mutation_power: Callable[[RunConfig], float]
+    mutation_power: Callable[[RunSettings], float]
     """The scale workers apply to each seed's noise."""
+    needs_noise_table: bool = False
+    """create and restore take the run's noise table (else None): the ES family's."""
+    needs_env_spaces: bool = False
+    """create takes the env's spaces (else None): the ES family starts from parameter vectors."""
 
 
-def _noise_table(config: RunConfig) -> np.ndarray:
-    from neuro.noise import NoiseTableSpec, load_noise_table
-
-    return load_noise_table(NoiseTableSpec(config.noise_table_seed, config.noise_table_size))
-
-
-def _initial_thetas(config: RunConfig, table: np.ndarray, count: int) -> list[np.ndarray]:
+def _initial_thetas(
+    settings: RunSettings, table: np.ndarray, spaces: EnvSpaces, count: int
+) -> list[np.ndarray]:
     """`count` thetas, each one seed's noise times the init scale; seeds drawn from the run's."""
-    from neuro.decode import decode_genome
-    from neuro.envs.make import make_env
-    from neuro.layout import init_scale, parameter_layout
-
-    assert config.es is not None, "only ES-family entries start from parameter vectors"
-    # The master builds the env once, only to learn its spaces (no torch here).
-    env = make_env(config.env_id, config.atari_dynamics).env
-    try:
-        space = env.action_space
-        outputs = int(space.n) if hasattr(space, "n") else int(np.prod(space.shape))
-        layout = parameter_layout(
-            config.architecture, env.observation_space.shape, outputs, config.hidden_sizes
-        )
-    finally:
-        env.close()
-    rng = np.random.default_rng(config.es.seed)
+    assert settings.es is not None, "only ES-family entries start from parameter vectors"
+    layout = parameter_layout(
+        settings.architecture, spaces.observation_shape, spaces.outputs, settings.hidden_sizes
+    )
+    rng = np.random.default_rng(settings.es.seed)
     # One draw per vector, in turn: the first is the seed a plain ES run starts from.
     seeds = [int(rng.integers(2**32)) for _ in range(count)]
     scale = init_scale(layout)
-    return [decode_genome(table, scale, config.es.sigma, [seed]) for seed in seeds]
+    return [decode_genome(table, scale, settings.es.sigma, [seed]) for seed in seeds]
 
 
-def _create_es(config: RunConfig) -> EvolutionStrategy:
+def _create_es(
+    settings: RunSettings, table: np.ndarray | None, spaces: EnvSpaces | None
+) -> EvolutionStrategy:
     """theta initialised like a GA genome's first seed: one seed's noise times the init scale."""
-    assert config.es is not None, "the ES entry is only used for ES runs"
-    table = _noise_table(config)
-    (theta,) = _initial_thetas(config, table, 1)
+    assert settings.es is not None, "the ES entry is only used for ES runs"
+    assert table is not None and spaces is not None, "the ES entry needs the table and spaces"
+    (theta,) = _initial_thetas(settings, table, spaces, 1)
     observation_size = 0
-    if config.es.observation_norm:
-        if config.atari:
+    if settings.es.observation_norm:
+        if settings.atari:
             raise ValueError("observation_norm is for vector observations, not Atari frames")
-        observation_size = _observation_size(config)
-    return EvolutionStrategy(config.es, table, theta, observation_size=observation_size)
-
-
-def _observation_size(config: RunConfig) -> int:
-    """The flattened size of the env's observations."""
-    from neuro.envs.make import make_env
-
-    env = make_env(config.env_id, config.atari_dynamics).env
-    try:
-        return int(np.prod(env.observation_space.shape))
-    finally:
-        env.close()
+        observation_size = spaces.observation_size
+    return EvolutionStrategy(settings.es, table, theta, observation_size=observation_size)
 
 
 def _restore_es(
-    config: RunConfig, document: Mapping[str, Any], arrays: np.ndarray | None
+    settings: RunSettings,
+    table: np.ndarray | None,
+    document: Mapping[str, Any],
+    arrays: np.ndarray | None,
 ) -> EvolutionStrategy:
-    assert config.es is not None, "the ES entry is only used for ES runs"
+    assert settings.es is not None, "the ES entry is only used for ES runs"
+    assert table is not None, "the ES entry needs the noise table"
     if arrays is None:
         raise ValueError("an ES checkpoint needs its arrays (theta, m, v); this one names none")
-    return EvolutionStrategy.from_state_dict(config.es, _noise_table(config), document, arrays)
+    return EvolutionStrategy.from_state_dict(settings.es, table, document, arrays)
 
 
-def _create_ga_ns(config: RunConfig) -> NoveltyGA:
-    assert config.novelty is not None, "the GA-NS entry is only used for GA-NS runs"
-    return NoveltyGA(config.ga, config.novelty)
+def _create_ga_ns(settings: RunSettings, *_: object) -> NoveltyGA:
+    assert settings.novelty is not None, "the GA-NS entry is only used for GA-NS runs"
+    return NoveltyGA(settings.ga, settings.novelty)
 
 
 def _restore_ga_ns(
-    config: RunConfig, document: Mapping[str, Any], arrays: np.ndarray | None
+    settings: RunSettings,
+    _table: np.ndarray | None,
+    document: Mapping[str, Any],
+    arrays: np.ndarray | None,
 ) -> NoveltyGA:
-    assert config.novelty is not None, "the GA-NS entry is only used for GA-NS runs"
+    assert settings.novelty is not None, "the GA-NS entry is only used for GA-NS runs"
     if arrays is None:
         raise ValueError("a GA-NS checkpoint needs its arrays (the archive); this one names none")
-    return NoveltyGA.from_state_dict(config.ga, config.novelty, document, arrays)
+    return NoveltyGA.from_state_dict(settings.ga, settings.novelty, document, arrays)
 
 
 def _ns_es_entry(cls: type[NoveltySearchES]) -> Entry:
     """The entry of NS-ES or NSR-ES: a meta-population of ES members, each started like ES."""
 
-    def create(config: RunConfig) -> NoveltySearchES:
-        assert config.es is not None and config.novelty is not None, f"not a {cls.name} run"
-        table = _noise_table(config)
-        thetas = _initial_thetas(config, table, config.novelty.meta_population)
-        return cls(config.es, config.novelty, table, thetas)
+    def create(
+        settings: RunSettings, table: np.ndarray | None, spaces: EnvSpaces | None
+    ) -> NoveltySearchES:
+        assert settings.es is not None and settings.novelty is not None, f"not a {cls.name} run"
+        assert table is not None and spaces is not None, f"{cls.name} needs the table and spaces"
+        thetas = _initial_thetas(settings, table, spaces, settings.novelty.meta_population)
+        return cls(settings.es, settings.novelty, table, thetas)
 
     def restore(
-        config: RunConfig, document: Mapping[str, Any], arrays: np.ndarray | None
+        settings: RunSettings,
+        table: np.ndarray | None,
+        document: Mapping[str, Any],
+        arrays: np.ndarray | None,
     ) -> NoveltySearchES:
-        assert config.es is not None and config.novelty is not None, f"not a {cls.name} run"
+        assert settings.es is not None and settings.novelty is not None, f"not a {cls.name} run"
+        assert table is not None, f"{cls.name} needs the noise table"
         if arrays is None:
             raise ValueError(f"a {cls.name} checkpoint needs its arrays; this one names none")
-        table = _noise_table(config)
-        return cls.from_state_dict(config.es, config.novelty, table, document, arrays)
+        return cls.from_state_dict(settings.es, settings.novelty, table, document, arrays)
 
     return Entry(
         name=cls.name,
         sections=("es", "novelty"),
         create=create,
         restore=restore,
-        elite_document=lambda config, parameters: config.parameters_document(parameters),
-        mutation_power=lambda config: config.es.sigma,
+        elite_document=lambda settings, parameters: settings.parameters_document(parameters),
+        mutation_power=_sigma,
+        needs_noise_table=True,
+        needs_env_spaces=True,
     )
+
+
+def _sigma(settings: RunSettings) -> float:
+    assert settings.es is not None, "only ES-family runs perturb with sigma"
+    return settings.es.sigma
 
 
 GA = Entry(
     name="ga",
     sections=("ga",),
-    create=lambda config: GeneticAlgorithm(config.ga),
-    restore=lambda config, document, _: GeneticAlgorithm.from_state_dict(config.ga, document),
-    elite_document=lambda config, genome: config.genome_document(genome),
-    mutation_power=lambda config: config.ga.mutation_power,
+    create=lambda settings, *_: GeneticAlgorithm(settings.ga),
+    restore=lambda settings, _table, document, _arrays: GeneticAlgorithm.from_state_dict(
+        settings.ga, document
+    ),
+    elite_document=lambda settings, genome: settings.genome_document(genome),
+    mutation_power=lambda settings: settings.ga.mutation_power,
 )
 ES = Entry(
     name="es",
     sections=("es",),
     create=_create_es,
     restore=_restore_es,
-    elite_document=lambda config, parameters: config.parameters_document(parameters),
-    mutation_power=lambda config: config.es.sigma,
+    elite_document=lambda settings, parameters: settings.parameters_document(parameters),
+    mutation_power=_sigma,
+    needs_noise_table=True,
+    needs_env_spaces=True,
 )
 
 GA_NS = Entry(
@@ -172,8 +216,8 @@ GA_NS = Entry(
     sections=("ga", "novelty"),
     create=_create_ga_ns,
     restore=_restore_ga_ns,
-    elite_document=lambda config, genome: config.genome_document(genome),
-    mutation_power=lambda config: config.ga.mutation_power,
+    elite_document=lambda settings, genome: settings.genome_document(genome),
+    mutation_power=lambda settings: settings.ga.mutation_power,
 )
 NS_ES = _ns_es_entry(NoveltySearchES)
 NSR_ES = _ns_es_entry(NoveltyRewardSearchES)

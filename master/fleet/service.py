@@ -1,30 +1,27 @@
-"""The gRPC edge: converts messages to plain values, validates them, and calls the Fleet."""
+"""The gRPC edge: converts messages to plain values, validates them, and calls the Fleet.
+
+The Task messages a lease hands out are built by master.fleet.tasks, the edge's other half.
+"""
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from master.algorithms.base import Parameters, Perturbation
-from master.fleet.leases import Disposition, PhaseTask
-from master.fleet.scheduler import Fleet, TaskOutcome, WorkerStats
+from master.fleet.leases import Disposition
+from master.fleet.roster import WorkerStats
+from master.fleet.scheduler import Fleet, TaskOutcome
+from master.fleet.tasks import TaskTemplate
 from neuro.observation_stats import ObservationStats
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
 from neuro.wire import MAX_MESSAGE_BYTES, MAX_TASKS_PER_LEASE, worker_id_problem
-
-if TYPE_CHECKING:
-    # Annotations only: the snapshot is the loop's type, above the fleet; this edge only
-    # reads its fields into protobuf.
-    from master.observe.events import RunSnapshot
 
 MAX_ID_LENGTH = 256
 MAX_TASK_IDS_PER_CALL = 4096
@@ -38,30 +35,41 @@ PARAMETER_CHUNK_BYTES = 2**20
 """FetchParameters streams a version in pieces this big, well under any message limit."""
 
 
-class ParameterStore:
-    """The ES's current parameters as wire bytes and sha256, computed once per version.
+class StatusFigures(Protocol):
+    """What the Status answer reads of where the run stands.
 
-    With observation normalisation the bytes are theta, then the observation mean and std.
+    master.observe.events.RunSnapshot is one; it is declared here because the snapshot is the
+    loop's type, in a room above the fleet, and this edge only copies its fields into protobuf.
     """
 
-    def __init__(self, current: Callable[[], Parameters]) -> None:
-        self._current = current
-        self._cached: tuple[int, bytes, str] | None = None
-
-    def observation_norm(self) -> tuple[Any, Any] | None:
-        """The current version's observation (mean, std), if the run normalises observations."""
-        return self._current().observation_norm
-
-    def get(self, version: int | None = None) -> tuple[int, bytes, str] | None:
-        """(version, float32 little-endian bytes, sha256); None if `version` is not current."""
-        parameters = self._current()
-        if version is not None and version != parameters.version:
-            return None
-        if self._cached is None or self._cached[0] != parameters.version:
-            vectors = [parameters.theta, *(parameters.observation_norm or ())]
-            data = b"".join(v.astype("<f4").tobytes() for v in vectors)
-            self._cached = (parameters.version, data, hashlib.sha256(data).hexdigest())
-        return self._cached
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def env_id(self) -> str: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def phase(self) -> str: ...
+    @property
+    def frames(self) -> int: ...
+    @property
+    def evaluations(self) -> int: ...
+    @property
+    def elite_score(self) -> float: ...
+    @property
+    def elite_seeds(self) -> Sequence[int]: ...
+    @property
+    def tasks_pending(self) -> int: ...
+    @property
+    def tasks_leased(self) -> int: ...
+    @property
+    def tasks_done(self) -> int: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def leases_reissued(self) -> int: ...
+    @property
+    def run_complete(self) -> bool: ...
 
 
 _DISPOSITIONS = {
@@ -72,66 +80,6 @@ _DISPOSITIONS = {
 }
 
 
-@dataclass(frozen=True)
-class TaskTemplate:
-    """The parts of every task that are fixed for the whole run."""
-
-    run_id: str
-    env: pb.EnvSpec
-    policy: pb.PolicySpec
-    noise_table: pb.NoiseTableSpec
-    mutation_power: float
-    max_episode_steps: int
-    lease_seconds: float
-    parameters: ParameterStore | None = None
-    """ES runs: where perturbation tasks' parameters come from."""
-    behaviour_size: int = 0
-    """Novelty search: the behaviour characterisation's size each episode reports."""
-    observation_size: int = 0
-    """ES with observation normalisation: the size of the observation sums each task reports
-    (and of the mean and std that follow theta in a version's bytes)."""
-
-    @functools.cached_property
-    def _prototype(self) -> pb.Task:
-        return pb.Task(
-            run_id=self.run_id,
-            genome=pb.Genome(mutation_power=self.mutation_power, noise_table=self.noise_table),
-            env=self.env,
-            policy=self.policy,
-            max_episode_steps=self.max_episode_steps,
-            lease_seconds=self.lease_seconds,
-            behaviour_size=self.behaviour_size,
-        )
-
-    def add_tasks(self, response: pb.LeaseResponse, granted: Sequence[PhaseTask]) -> None:
-        """Appends one Task per granted task to the response."""
-        # Copying a prebuilt message and setting four fields costs less than half of building
-        # every submessage from keyword arguments, and a lease hands out up to 256 tasks.
-        prototype, add = self._prototype, response.tasks.add
-        for phase_task in granted:
-            task = add()
-            task.CopyFrom(prototype)
-            task.task_id = phase_task.task_id
-            genome = phase_task.genome
-            if isinstance(genome, Perturbation):
-                self._add_perturbation(task, genome)
-            else:
-                task.genome.seeds.extend(genome.seeds)
-            task.episodes = phase_task.episodes
-            task.env_seed = phase_task.env_seed
-
-    def _add_perturbation(self, task: pb.Task, perturbation: Perturbation) -> None:
-        assert self.parameters is not None, "an ES task needs the template's parameters"
-        current = self.parameters.get(perturbation.version)
-        assert current is not None, "tasks of a finished update are never leased"
-        version, data, sha256 = current
-        es = task.perturbation
-        es.version, es.noise_index, es.sign = version, perturbation.noise_index, perturbation.sign
-        es.sigma, es.parameters_sha256 = self.mutation_power, sha256
-        es.num_params = len(data) // 4 - 2 * self.observation_size
-        es.observation_size = self.observation_size
-
-
 class EvolutionService(pb_grpc.EvolutionServicer):
     """Thin adapter: every decision is the Fleet's; this class only speaks protobuf."""
 
@@ -139,7 +87,7 @@ class EvolutionService(pb_grpc.EvolutionServicer):
         self,
         fleet: Fleet,
         template: TaskTemplate,
-        status: Callable[[], RunSnapshot],
+        status: Callable[[], StatusFigures],
     ) -> None:
         self._fleet = fleet
         self._template = template
@@ -260,7 +208,7 @@ class EvolutionService(pb_grpc.EvolutionServicer):
             )  # fmt: skip
 
 
-def status_response(snapshot: RunSnapshot) -> pb.StatusResponse:
+def status_response(snapshot: StatusFigures) -> pb.StatusResponse:
     """The Status answer for a snapshot of the run (the per-worker table is added apart)."""
     response = pb.StatusResponse(
         run_id=snapshot.run_id,

@@ -12,12 +12,10 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from master.fleet.roster import WorkerStats
 from neuro.runfiles import seeds_sha256
-
-if TYPE_CHECKING:
-    from master.fleet.scheduler import WorkerStats
 
 
 @dataclass(frozen=True)

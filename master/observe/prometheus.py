@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -18,12 +18,18 @@ from prometheus_client.core import (
 
 from master.observe.events import RunSnapshot
 
-if TYPE_CHECKING:
-    from master.run.trainer import Trainer
-
 SCRAPE_TIMEOUT_S = 5.0
 """How long a scrape waits for the event loop; a loop stuck longer fails the scrape."""
 STOP_TIMEOUT_S = 5.0
+
+
+class Snapshots(Protocol):
+    """What can say where the run stands: master.run.trainer.Trainer is one. A protocol, so
+    that this room, below the loop's, imports nothing of it, not even for annotations."""
+
+    def snapshot(self, workers: bool = False) -> RunSnapshot:
+        """Where the run stands; `workers`: with the per-worker table."""
+        ...
 
 
 def snapshot_on_loop(
@@ -143,7 +149,7 @@ class MetricsServer:
         await asyncio.to_thread(stop)
 
 
-def start_metrics_server(trainer: Trainer, host: str, port: int) -> MetricsServer:
+def start_metrics_server(trainer: Snapshots, host: str, port: int) -> MetricsServer:
     """Serves the trainer's figures on http://host:port/metrics; call it on the trainer's loop.
 
     OSError, naming the address, if it cannot listen there. Port 0 picks a free one.

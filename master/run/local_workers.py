@@ -1,4 +1,5 @@
-"""Worker processes on this machine, talking to the master through the same gRPC path."""
+"""Worker processes on this machine, talking to the master through the same gRPC path: how
+each is started (its arguments, the CPU it is pinned to) and stopped with the run."""
 
 from __future__ import annotations
 
@@ -9,10 +10,79 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from neuro.allocator import worker_environment
+from neuro.cpus import parse_cpu_list
+from neuro.inference import batched_runs
 
 log = logging.getLogger(__name__)
+
+
+def local_worker_args(
+    worker_arg: Sequence[str], count: int, inference_dtype: str, architecture: str
+) -> tuple[str, ...]:
+    """What each of `count` local workers is started with, after --master and --worker-id.
+
+    On a CUDA host a worker's default device (auto) makes it the batched worker: one process
+    for the whole host, in the dtypes and networks neuro.inference's table lets it run.
+    Several local workers are one per core, and a run the batched worker cannot run stays on
+    the per-genome CPU path: both get --device cpu, unless --worker-arg names a device (later
+    arguments win).
+    """
+    cpu = _per_core_workers(count, inference_dtype, architecture)
+    return (*(("--device", "cpu") if cpu else ()), *worker_arg, "--give-up-after", "30")
+
+
+def _per_core_workers(count: int, inference_dtype: str, architecture: str) -> bool:
+    """Whether local workers are per-core CPU workers; else one worker, which a CUDA host makes
+    its batched worker."""
+    return count > 1 or not batched_runs(inference_dtype, architecture)
+
+
+def local_worker_cpus(
+    worker_arg: Sequence[str],
+    count: int,
+    inference_dtype: str,
+    architecture: str,
+    allowed: Sequence[int],
+) -> tuple[int, ...]:
+    """The logical CPU each of `count` local workers is pinned to (`--cpu`), or () for none.
+
+    Pinned: per-core CPU workers (see local_worker_args), one per physical core first (an SMT
+    sibling only after every core has one), when they fit in `allowed`. Not pinned: a worker
+    that may be the batched one (it uses every core), or one the user placed (--worker-arg
+    naming --device, --envs or --cpu)."""
+    per_core = _per_core_workers(count, inference_dtype, architecture)
+    placed = any(arg.split("=")[0] in ("--device", "--envs", "--cpu") for arg in worker_arg)
+    if not per_core or placed or not 0 < count <= len(allowed):
+        return ()
+    return tuple(sorted(allowed, key=lambda cpu: (_sibling_rank(cpu), cpu))[:count])
+
+
+def pinned_cpus(
+    pin: bool, worker_arg: Sequence[str], count: int, inference_dtype: str, architecture: str
+) -> tuple[int, ...]:
+    """The local workers' CPUs among those this process may use (local_worker_cpus); none
+    unless `pin` (neuro-master --no-pin-workers clears it)."""
+    if not pin:
+        return ()
+    return local_worker_cpus(worker_arg, count, inference_dtype, architecture, allowed_cpus())
+
+
+def allowed_cpus() -> list[int]:
+    """The CPUs this process may run on (none where the OS cannot pin)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+def _sibling_rank(cpu: int) -> int:
+    """0 for the first hardware thread of its core, 1 for the next, ... (0 where unknown)."""
+    siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+    try:
+        listed = parse_cpu_list(siblings.read_text())
+    except (OSError, ValueError):
+        return 0
+    return listed.index(cpu) if cpu in listed else 0
 
 
 class LocalWorkers:

@@ -18,26 +18,19 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from master.algorithms import registry
-from master.algorithms.base import Algorithm
 from master.config import RunConfig
 from master.fleet.auth import TokenInterceptor
 from master.fleet.scheduler import Fleet, FleetSettings
-from master.fleet.service import (
-    MAX_REQUEST_BYTES,
-    EvolutionService,
-    ParameterStore,
-    TaskTemplate,
-    add_to_server,
-)
+from master.fleet.service import MAX_REQUEST_BYTES, EvolutionService, add_to_server
+from master.fleet.tasks import ParameterStore, task_template
 from master.observe.events import GenerationRecord, Observer
 from master.observe.progress import ProgressObserver, notice_stream
 from master.observe.tensorboard import TensorBoardObserver
-from master.run.checkpoint import algorithm_section, load_sidecar
+from master.run.algorithm import behaviour_size_of, build_algorithm
 from master.run.local_workers import LocalWorkers
 from master.run.rundir import RunDirectory
 from master.run.s3_mirror import FINAL_SYNC_TIMEOUT_S, MirrorLoop, RunDirMirror, status_document
 from master.run.trainer import Budget, Trainer
-from neuro.v1 import evolution_pb2 as pb
 from neuro.wire import SERVICE_NAME
 
 if TYPE_CHECKING:
@@ -67,58 +60,6 @@ def resume_config(payload: dict[str, Any], **budget: Any) -> RunConfig:
     if unknown:
         raise ValueError(f"a resumed run keeps its settings; cannot change {sorted(unknown)}")
     return dataclasses.replace(RunConfig.from_dict(payload["config"]), **budget)
-
-
-def build_algorithm(config: RunConfig, run_dir: Path, resume: dict[str, Any] | None) -> Algorithm:
-    """The run's algorithm (registry entry config.algorithm): new, or as the checkpoint left it."""
-    entry = registry.get(config.algorithm)
-    if resume is None:
-        return entry.create(config)
-    name, state = algorithm_section(resume)
-    if name != entry.name:
-        raise ValueError(f"the checkpoint holds a {name} run, its config a {entry.name} run")
-    # A sidecar holds the state too big for JSON (the ES's theta and Adam moments).
-    arrays = load_sidecar(run_dir, resume["sidecar"]) if "sidecar" in resume else None
-    return entry.restore(config, state, arrays)
-
-
-def behaviour_size_of(config: RunConfig) -> int:
-    """The size of the run's behaviour characterisations (the master builds the env once)."""
-    from neuro.envs.behaviour import behaviour_size
-    from neuro.envs.make import make_env
-
-    handle = make_env(config.env_id, config.atari_dynamics)
-    try:
-        return behaviour_size(handle.env, handle.atari)
-    finally:
-        handle.env.close()
-
-
-def task_template(
-    config: RunConfig, parameters: ParameterStore | None = None, behaviour_size: int = 0
-) -> TaskTemplate:
-    """What every task of the run shares; `behaviour_size` > 0 asks for behaviours."""
-    norm = parameters.observation_norm() if parameters is not None else None
-    dynamics = {
-        "paper": pb.ATARI_DYNAMICS_PAPER,
-        "registered": pb.ATARI_DYNAMICS_REGISTERED,
-    }[config.atari_dynamics]
-    return TaskTemplate(
-        run_id=config.run_id,
-        env=pb.EnvSpec(env_id=config.env_id, atari_dynamics=dynamics if config.atari else 0),
-        policy=pb.PolicySpec(
-            architecture=config.architecture,
-            hidden_sizes=config.hidden_sizes,
-            inference_dtype=config.inference_dtype,
-        ),
-        noise_table=pb.NoiseTableSpec(seed=config.noise_table_seed, size=config.noise_table_size),
-        mutation_power=registry.get(config.algorithm).mutation_power(config),
-        max_episode_steps=config.max_episode_steps,
-        lease_seconds=config.lease_seconds,
-        parameters=parameters,
-        behaviour_size=behaviour_size,
-        observation_size=0 if norm is None else int(norm[0].size),
-    )
 
 
 @dataclass(frozen=True)

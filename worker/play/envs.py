@@ -1,15 +1,22 @@
-"""Envs for episodes: the one place a failure to build one becomes EnvBuildError."""
+"""Envs for episodes: the one place a failure to build one becomes EnvBuildError, and the
+cache of built envs a worker keeps between tasks.
+
+"Atari backend" is what plays the paper's Atari protocol: gymnasium's wrappers ("gym") or
+ale-py's C++ vector env ("vector"), chosen by neuro-worker's --atari-engine; not to be
+confused with the inference engine, which runs the policy (worker/inference).
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 from neuro.envs.make import PAPER, EnvHandle, atari_game, is_atari, make_env, paper_frames
+from worker.play.atari_vector import SubEnv, VectorGroup
 
 GYM = "gym"
 VECTOR = "vector"
-ATARI_ENGINES = (GYM, VECTOR)
-DEFAULT_ATARI_ENGINE = VECTOR
+ATARI_BACKENDS = (GYM, VECTOR)
+DEFAULT_ATARI_BACKEND = VECTOR
 """Chosen by measurement (docs/atari-engines.md): the C++ vector env plays more frames/s."""
 
 
@@ -31,26 +38,26 @@ def build_env(env_id: str, dynamics: str = PAPER) -> EnvHandle:
         raise EnvBuildError(f"cannot build env {env_id!r}: {error}") from error
 
 
-class EnvPool:
+class EnvCache:
     """Built envs waiting for their next task, by (env id, dynamics); builds on a miss.
 
-    With `atari_engine="vector"`, paper-protocol Atari envs are sub-envs of C++ vector envs of
+    With `atari_backend="vector"`, paper-protocol Atari envs are sub-envs of C++ vector envs of
     `vector_size` sub-envs each, which the rollout steps with one call; other
     envs, and Atari under the registered dynamics, are gymnasium envs either way.
     """
 
-    def __init__(self, atari_engine: str = GYM, vector_size: int = 1, threads: int = 1) -> None:
+    def __init__(self, atari_backend: str = GYM, vector_size: int = 1, threads: int = 1) -> None:
         """`threads`: the C++ vector env's own threads stepping its sub-envs."""
-        if atari_engine not in ATARI_ENGINES:
-            raise ValueError(f"atari engine must be one of {ATARI_ENGINES}, got {atari_engine!r}")
-        self.atari_engine = atari_engine
+        if atari_backend not in ATARI_BACKENDS:
+            raise ValueError(f"atari engine must be one of {ATARI_BACKENDS}, got {atari_backend!r}")
+        self.atari_backend = atari_backend
         self.vector_size = vector_size
         self.threads = threads
         self._free: dict[tuple[str, str], list[EnvHandle]] = defaultdict(list)
         self._groups: dict[str, list] = defaultdict(list)  # game -> its VectorGroups
 
     def __repr__(self) -> str:
-        return f"EnvPool({self.atari_engine}, free={sum(map(len, self._free.values()))})"
+        return f"EnvCache({self.atari_backend}, free={sum(map(len, self._free.values()))})"
 
     def take(self, env_id: str, dynamics: str = PAPER, behaviour: bool = False) -> EnvHandle:
         """A free env of this id and dynamics, or a new one; EnvBuildError if none can be built.
@@ -58,7 +65,7 @@ class EnvPool:
         `behaviour`: the episodes need a behaviour characterisation, which for Atari is the
         RAM that only the gymnasium engine exposes.
         """
-        vector = self.atari_engine == VECTOR and not behaviour
+        vector = self.atari_backend == VECTOR and not behaviour
         if vector and dynamics == PAPER and self._is_atari(env_id):
             return self._take_sub_env(env_id)
         free = self._free[(env_id, dynamics)]
@@ -66,9 +73,8 @@ class EnvPool:
 
     def give(self, env_id: str, dynamics: str, handle: EnvHandle) -> None:
         """Keeps an env taken for (env_id, dynamics) for the next task that needs one."""
-        group = getattr(handle.env, "group", None)
-        if group is not None:
-            group.give(handle.env)
+        if isinstance(handle.env, SubEnv):
+            handle.env.group.give(handle.env)
             return
         self._free[(env_id, dynamics)].append(handle)
 
@@ -79,8 +85,6 @@ class EnvPool:
             return False
 
     def _take_sub_env(self, env_id: str) -> EnvHandle:
-        from worker.atari_vector import VectorGroup
-
         try:
             game = atari_game(env_id)
             groups = self._groups[game]

@@ -2,54 +2,49 @@
 
 `BatchedSlotRunner` is `SlotRunner`'s counterpart for `neuro-worker --envs N` (and a CUDA
 device): it holds up to N tasks at once, whatever their genomes, keeps each task's weights in
-a slot of a `BatchedPolicies` on the device, and evaluates every live episode of every task
-in one forward pass per step. Paper-protocol Atari plays on one C++ vector env of N sub-envs,
-stepped by one call. Episodes of different lengths free their slot at once for the next task.
+a slot of the batched engine's GroupedForward on the device (worker/inference/engines/
+torch_grouped), and evaluates every live episode of every task in one forward pass per step.
+Paper-protocol Atari plays on one C++ vector env of N sub-envs, stepped by one call. Episodes
+of different lengths free their slot at once for the next task. On a CUDA device a genome's
+seeds are decoded there (worker/evaluation/device_decode.py): only the seeds cross.
 
 The forward pass is float32 (TF32 off on CUDA): a genome is the same policy as on a CPU
-worker up to float32 summation order (tests/test_batched.py).
+worker up to float32 summation order (tests/worker/runners/test_batched_runner.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from neuro.envs.make import EnvHandle
+from neuro.inference import BATCHED, CPU, dtypes_for
 from neuro.observation_stats import normalise
-from worker.batched import BatchedPolicies
-from worker.envs import EnvPool, NotRunnableHere
-from worker.evaluator import EvaluationSpec, Evaluator
-from worker.policies import Policy, build_policy
-from worker.rollout import StepTimers
-from worker.slots import RunningTask, TaskRunner
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec, NetworkKey
+from worker.inference.actions import actions_from_outputs
+from worker.inference.base import GroupedForward, NetSpec
+from worker.inference.devices import resolve_device
+from worker.inference.policy import network_spec
+from worker.inference.registry import select
+from worker.play.envs import EnvCache, NotRunnableHere
+from worker.play.rollout import StepTimers
+from worker.runners.base import RunningTask, TaskRunner
 
-__all__ = ["BatchedSlotRunner", "resolve_device"]
-
-
-def resolve_device(device: str) -> str:
-    """ "auto" -> "cuda" when torch sees a CUDA device, else "cpu"; ValueError naming a device
-    that is neither or that is not here."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' asked for, but torch sees no CUDA device here")
-    return device
+__all__ = ["BatchedSlotRunner"]
 
 
 @dataclass(eq=False)
 class _SlotGroup:
-    """One BatchedPolicies and the slots its tasks hold; the rollout's batch key."""
+    """One GroupedForward, its network and the slots its tasks hold; the rollout's batch key."""
 
-    policies: BatchedPolicies
-    template: Policy
+    forward: GroupedForward
+    network: NetSpec
+    action_space: Any
     free: list[int] = field(default_factory=list)
 
     def act_rows(self, actors: Sequence[_SlotActor], observations: np.ndarray) -> np.ndarray:
@@ -63,7 +58,8 @@ class _SlotGroup:
                     mean, std = actor.observation_norm
                     rows.append(normalise(row[None], mean, std).reshape(row.shape))
             observations = np.stack(rows)
-        return self.policies.act([actor.slot for actor in actors], observations)
+        outputs = self.forward([actor.slot for actor in actors], observations)
+        return actions_from_outputs(outputs, self.action_space)
 
 
 @dataclass(eq=False)
@@ -82,22 +78,24 @@ class BatchedSlotRunner(TaskRunner):
     """Runs up to `capacity` tasks' episodes in lockstep, one forward pass per step for all.
 
     The interface is SlotRunner's: the worker's main loop feeds it with start() and drains it
-    with step().
+    with step(). `decode_on_device`: decode genomes on the device (default: on a CUDA one).
     """
 
     def __init__(
         self,
         evaluator: Evaluator,
         capacity: int,
-        device: str = "cpu",
+        device: str = CPU,
         timers: StepTimers | None = None,
         env_threads: int = 1,
+        decode_on_device: bool | None = None,
     ) -> None:
         # One vector env of `capacity` sub-envs per game: every busy slot steps in one call.
         super().__init__(evaluator, capacity, timers,
-                         EnvPool(evaluator.atari_engine, capacity, env_threads))  # fmt: skip
+                         EnvCache(evaluator.atari_backend, capacity, env_threads))  # fmt: skip
         self.device = resolve_device(device)
-        self._groups: dict[Hashable, _SlotGroup] = {}
+        self.decode_on_device = self.device != CPU if decode_on_device is None else decode_on_device
+        self._groups: dict[NetworkKey, _SlotGroup] = {}
 
     def __repr__(self) -> str:
         return f"BatchedSlotRunner(busy={len(self._tasks)}/{self.capacity}, {self.device})"
@@ -105,20 +103,25 @@ class BatchedSlotRunner(TaskRunner):
     def start(self, task_id: str, task: Any, spec: EvaluationSpec) -> None:
         """Takes a task into a free slot; EnvBuildError if its env cannot be built here,
         ValueError if its parameters cannot be loaded (the caller reports either)."""
-        if spec.inference_dtype != "float32":
+        served = dtypes_for(spec.architecture, BATCHED, self.device)
+        if spec.inference_dtype not in served:
             raise NotRunnableHere(
-                f"the batched worker (--envs, or a GPU) runs float32 only; this task asks for "
-                f"{spec.inference_dtype!r}: run this worker with --device cpu and no --envs"
+                f"the batched worker (--envs, or a GPU) runs {', '.join(served)} only; this "
+                f"task asks for {spec.inference_dtype!r}: run this worker with --device cpu "
+                "and no --envs"
             )
         handle = self._take_env(task_id, spec)
         try:
             group = self._group(spec, handle)
             started = time.perf_counter()
-            flat = self.evaluator.parameters(spec, group.template)
-            norm = self.evaluator.observation_norm(spec, group.template)
+            if self.decode_on_device:
+                flat = self.evaluator.device_parameters(spec, group.network, self.device)
+            else:
+                flat = self.evaluator.parameters(spec, group.network)
+            norm = self.evaluator.observation_norm(spec, group.network)
             slot = group.free.pop()
             try:
-                group.policies.load(slot, flat)
+                group.forward.load(slot, flat)
             except BaseException:
                 group.free.append(slot)
                 raise
@@ -130,17 +133,18 @@ class BatchedSlotRunner(TaskRunner):
         self._play(task_id, RunningTask(task, spec, handle, actor), actor)
 
     def _group(self, spec: EvaluationSpec, handle: EnvHandle) -> _SlotGroup:
-        """The slot group of this network shape, built on first use."""
-        key = (spec.architecture, spec.hidden_sizes, spec.env_id, spec.atari_dynamics)
-        group = self._groups.get(key)
+        """The slot group of this network, built on first use."""
+        group = self._groups.get(spec.network_key)
         if group is None:
             env = handle.env
-            # The batched pass is torch's (CUDA or CPU); the template only lends its layout.
-            template = build_policy(spec.architecture, env.observation_space, env.action_space,
-                                    spec.hidden_sizes, inference_engine="torch")  # fmt: skip
-            policies = BatchedPolicies(template, self.capacity, self.device)
-            group = _SlotGroup(policies, template, list(range(self.capacity - 1, -1, -1)))
-            self._groups[key] = group
+            network = network_spec(spec.architecture, env.observation_space, env.action_space,
+                                   spec.hidden_sizes, spec.inference_dtype)  # fmt: skip
+            engine = select(network.dtype, network.architecture, BATCHED, self.device)
+            assert engine.build_grouped is not None
+            forward = engine.build_grouped(network, self.capacity, self.device)
+            group = _SlotGroup(forward, network, env.action_space,
+                               list(range(self.capacity - 1, -1, -1)))  # fmt: skip
+            self._groups[spec.network_key] = group
         return group
 
     def _unload(self, task: RunningTask) -> None:

@@ -8,19 +8,26 @@ space-to-depth done once in numpy instead of ORT's transpose), on which conv1 is
 stride-1 convolution over 64 channels; the convolutions are the channels-last QLinearConv
 (com.microsoft); and the dense layer's rows are permuted to the (h, w, c) order of conv3's
 flattened NHWC output. Each output byte is the same integer sum, requantised the same way,
-as on the NCHW pass (the torch pass; tests/test_static_int8.py holds them equal); on a Zen 3
+as on the NCHW pass (the torch engine's; tests/worker/inference/test_static_int8.py holds
+them equal); on a Zen 3
 (AVX2) this cut a batch-1 pass from 0.271 to 0.256 ms (docs/performance.md, "int8-static").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from worker.static_int8 import QuantisedAtariNet
+from worker.inference.base import NetSpec, NetWeights
+from worker.inference.engines.onnx_runtime.session import BoundSession, Graph
+from worker.inference.static_int8 import (
+    QuantisedAtariNet,
+    StaticInt8Pass,
+    check_calibration,
+    check_observations,
+)
 
 _BLOCK_UNITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 """The unsigned type as wide as one block row of one channel, by stride: moving a row as one
@@ -104,19 +111,10 @@ def onnx_model(
 ) -> Any:
     """The int8-static pass over `blocks` of the observation: channels-last QLinearConv
     (u8 x s8, per-channel weights), MatMulInteger, float32 output layer."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto
 
-    initializers: list[Any] = []
-    nodes: list[Any] = []
-
-    def constant(name: str, array: Any) -> str:
-        initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
-        return name
-
-    def node(op: str, inputs: list[str], output: str, **attributes: Any) -> str:
-        nodes.append(helper.make_node(op, inputs, [output], name=output, **attributes))
-        return output
-
+    graph = Graph()
+    constant, node = graph.constant, graph.node
     x = "observation"
     zero_u8 = constant("zero_u8", np.uint8(0))
     height, width = blocks.shape[:2]
@@ -153,16 +151,60 @@ def onnx_model(
     weight, out_bias = net.out
     node("Gemm", [x, constant("out.weight", weight), constant("out.bias", out_bias)], "logits",
          transB=1)  # fmt: skip
-    graph = helper.make_graph(
-        nodes,
-        "atari_net_int8_static",
-        [helper.make_tensor_value_info(
-            "observation", TensorProto.UINT8, ["batch", *blocks.shape])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", len(out_bias)])],
-        initializers,
-    )  # fmt: skip
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    )
-    model.ir_version = 8  # what every onnxruntime of the last years reads
-    return model
+    return graph.model("atari_net_int8_static", (TensorProto.UINT8, blocks.shape),
+                       len(out_bias), microsoft_ops=True)  # fmt: skip
+
+
+class OnnxStaticInt8Forward:
+    """A policy's int8-static pass on ONNX Runtime: quantises each genome it loads
+    (worker/inference/static_int8.py) and builds a session over the integers."""
+
+    def __init__(self, spec: NetSpec, weights: NetWeights) -> None:
+        self.calibrated = StaticInt8Pass.for_spec(spec, check_calibration(spec))
+        self.weights = weights
+        self.net: QuantisedAtariNet | None = None
+        kernel = spec.layout[0][1][-1]
+        stride, pad = self.calibrated.strides[0], self.calibrated.pads[0]
+        self.blocks = ObservationBlocks(spec.observation_shape, kernel, stride, pad)
+        """The blocks of the observation its model takes."""
+        self._n_outputs = spec.n_outputs
+        self._single_input = np.zeros((1, *self.blocks.shape), dtype=np.uint8)
+        self._bound: BoundSession | None = None
+        self._run_single: Any = None
+        self._binding: Any = None
+        self._single_output = np.zeros((1, 0), dtype=np.float32)
+
+    @property
+    def layer_bytes(self) -> dict[str, int]:
+        return {} if self.net is None else self.net.layer_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one pass reads (0 before the first load)."""
+        return 0 if self.net is None else self.net.weight_bytes
+
+    def load(self) -> None:
+        """Quantises the weights as they are now and builds the session over them."""
+        self.net = self.calibrated.quantise_weights(self.weights)
+        self._bound = bound = BoundSession(self.onnx_model(), self._single_input,
+                                           self._n_outputs)  # fmt: skip
+        self._run_single, self._binding = bound.run_single, bound.binding
+        self._single_output = bound.single_output
+
+    def onnx_model(self) -> Any:
+        """The loaded genome's ONNX model, over `self.blocks`."""
+        if self.net is None:
+            raise RuntimeError("load() a genome before building its model")
+        return onnx_model(self.net, self.blocks, self.calibrated.strides, self.calibrated.pads)
+
+    def __call__(self, observations: np.ndarray) -> np.ndarray:
+        """(batch, n_actions) float32 logits of (batch, *observation_shape) uint8 observations."""
+        if self._bound is None:
+            raise RuntimeError("load() a genome before the first forward pass")
+        if observations.dtype != np.uint8:
+            check_observations(observations)  # raises, naming the dtype
+        if len(observations) == 1:
+            self.blocks(observations, out=self._single_input)
+            self._run_single(self._binding)
+            return self._single_output.copy()
+        return self._bound.batch(self.blocks(observations))

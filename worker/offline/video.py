@@ -12,10 +12,9 @@ import gymnasium as gym
 import numpy as np
 
 from neuro.envs.make import EnvHandle, make_env
-from worker.evaluator import EvaluationSpec, Evaluator
-from worker.policies import build_policy
-from worker.rollout import play
-from worker.static_int8 import calibration_for
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.play.rollout import play
 
 VIDEO_EXTRA_HINT = "install the `video` extra: pip install 'neuro[video]'"
 DEFAULT_FPS = 30.0
@@ -122,13 +121,9 @@ def play_recorded(spec: EvaluationSpec, video: Video, evaluator: Evaluator) -> l
     try:
         # The recorder is the env the shared loop steps: recording needs no hook in the loop.
         recorded = EnvHandle(recorder, handle.atari, handle.dynamics, handle.frames_used)
-        # The run's inference dtype: the same policy as the one its episodes scored.
-        policy = build_policy(
-            spec.architecture, recorder.observation_space, recorder.action_space,
-            spec.hidden_sizes, spec.inference_dtype, evaluator.inference_engine,
-            calibration_for(spec.inference_dtype, spec.env_id, spec.atari_dynamics),
-        )  # fmt: skip
-        policy.load_parameters(evaluator.parameters(spec, policy))
+        # The run's inference dtype and normaliser: the policy whose episodes scored.
+        policy = evaluator.build_policy(spec, recorded)
+        evaluator.load(spec, policy)
         episodes = play(policy, recorded, spec.episodes, spec.max_episode_steps, spec.env_seed)
         writer.close()
         os.replace(partial, path)

@@ -32,28 +32,22 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from worker.static_int8_onnx import ObservationBlocks
+from neuro.inference import ATARI_ARCHITECTURES, INT8_STATIC
+from neuro.layout import ATARI_CONVS, atari_conv_pads
+from worker.inference.base import NetSpec, NetWeights
+from worker.inference.quantise import quantise_rows
 
-STATIC_INT8 = "int8-static"
 WEIGHT_LEVELS = 63
 """7-bit weights (see the module docstring: no CPU's int16 pair sums saturate)."""
 ACTIVATION_LEVELS = 255
-_MIN_SCALE = np.float32(1e-30)
-"""Floor of an all-zero row's or a dead layer's scale, so that nothing divides by zero."""
 _EXACT_FLOAT32_SUM = 2**24
 """Integers up to this add exactly in float32, whatever the order of the sums."""
 _BIAS_LIMIT = 2**30
 """A quantised bias is clamped to this, so that bias + sums stays within int32."""
-CALIBRATION_SEED = 0
-CALIBRATION_STEPS = 240
-CALIBRATION_EVERY = 16
-"""Calibration plays CALIBRATION_STEPS agent steps of the game with seeded random actions
-and keeps every CALIBRATION_EVERY-th observation (the reset's first included): 16 frames."""
 
 
 @dataclass(frozen=True)
@@ -104,21 +98,55 @@ class QuantisedAtariNet:
         }
 
     @property
+    def layer_bytes(self) -> dict[str, int]:
+        """Bytes of weights each layer reads in one pass: integers, scales and biases."""
+        layers: dict[str, tuple[np.ndarray, ...]] = {
+            f"conv{i + 1}": (self.conv_integers[i], self.conv_scales[i], self.conv_biases[i])
+            for i in range(len(self.conv_integers))
+        }
+        layers.update(fc=self.fc, out=self.out)
+        return {name: sum(int(a.nbytes) for a in arrays) for name, arrays in layers.items()}
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of weights one pass reads."""
-        arrays = [*self.conv_integers, *self.conv_scales, *self.conv_biases, *self.fc, *self.out]
-        return sum(int(array.nbytes) for array in arrays)
+        return sum(self.layer_bytes.values())
 
 
 def quantised_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 weights (out, ...) as 7-bit int8 integers, round-half-even(w x (1 / scale)),
-    and one float32 scale per row, max|w| / 63 (in place: a per-load cost)."""
-    rows = weight.reshape(weight.shape[0], -1)
-    scale = np.maximum(np.abs(rows).max(axis=1) / np.float32(WEIGHT_LEVELS), _MIN_SCALE)
-    levels = np.multiply(rows, (np.float32(1) / scale)[:, None])
-    np.rint(levels, out=levels)
-    np.clip(levels, -WEIGHT_LEVELS, WEIGHT_LEVELS, out=levels)
-    return levels.astype(np.int8).reshape(weight.shape), scale.astype(np.float32)
+    """float32 weights (out, ...) as 7-bit integers and one float32 scale per row, max|w| / 63."""
+    return quantise_rows(weight, WEIGHT_LEVELS)
+
+
+def check_calibration(spec: NetSpec) -> np.ndarray:
+    """The spec's calibration frames; ValueError naming what is missing or does not fit."""
+    if spec.architecture not in ATARI_ARCHITECTURES:
+        raise ValueError(
+            f"inference dtype {INT8_STATIC!r} quantises the Atari nets "
+            f"({', '.join(ATARI_ARCHITECTURES)}), not {spec.architecture!r}: choose float32, "
+            "bfloat16 or int8"
+        )
+    if spec.calibration is None:
+        raise ValueError(
+            f"inference dtype {INT8_STATIC!r} needs calibration observations (build_policy's "
+            "calibration: worker.evaluation.calibration.calibration_observations(env_id, "
+            "dynamics))"
+        )
+    if np.shape(spec.calibration)[1:] != spec.observation_shape:
+        raise ValueError(
+            f"int8-static calibration frames of shape {np.shape(spec.calibration)[1:]} do not "
+            f"match the observations' {spec.observation_shape}"
+        )
+    return spec.calibration
+
+
+def check_observations(observations: np.ndarray) -> np.ndarray:
+    """The observations, if they are frame bytes (uint8); ValueError naming their dtype."""
+    if observations.dtype != np.uint8:
+        raise ValueError(
+            f"int8-static takes uint8 observations (frame bytes), not {observations.dtype}"
+        )
+    return observations
 
 
 class StaticInt8Pass:
@@ -144,6 +172,17 @@ class StaticInt8Pass:
         self.pads = [tuple(p) for p in pads]
         self._calibration_values = calibration.astype(np.float32)
         """The calibration frames as the float32 values the torch convolutions take."""
+
+    @classmethod
+    def for_spec(cls, spec: NetSpec, calibration: np.ndarray) -> StaticInt8Pass:
+        """The pass of the spec's Atari net (its strides and padding)."""
+        strides = [stride for _, _, stride in ATARI_CONVS]
+        return cls(strides, atari_conv_pads(spec.architecture), calibration)
+
+    def quantise_weights(self, weights: NetWeights) -> QuantisedAtariNet:
+        """quantise() of a policy's float32 Atari net."""
+        convs = [weights.layer(name) for name in ("conv1", "conv2", "conv3")]
+        return self.quantise(convs, weights.layer("fc"), weights.layer("out"))
 
     def quantise(
         self,
@@ -250,110 +289,3 @@ def _exact_matmul(features: Any, rows: Any) -> Any:
         part = features[:, start : start + chunk] @ rows[:, start : start + chunk].T
         total += part.double()
     return total.float()
-
-
-@functools.lru_cache(maxsize=8)
-def calibration_observations(env_id: str, dynamics: str) -> np.ndarray:
-    """The frames an int8-static policy of this env is calibrated on: the env (its gymnasium
-    build, whichever engine plays the episodes) reset with CALIBRATION_SEED and stepped with
-    seeded random actions, every CALIBRATION_EVERY-th observation kept. The emulator is
-    deterministic, so every worker calibrates on the same frames. Read-only."""
-    from worker.envs import build_env
-
-    handle = build_env(env_id, dynamics)
-    env = handle.env
-    try:
-        rng = np.random.default_rng(CALIBRATION_SEED)
-        seed = CALIBRATION_SEED
-        observation, _ = env.reset(seed=seed)
-        frames = []
-        for step in range(CALIBRATION_STEPS + 1):
-            if step % CALIBRATION_EVERY == 0:
-                frames.append(np.array(observation, dtype=np.uint8))
-            action = int(rng.integers(env.action_space.n))
-            observation, _, terminated, truncated, _ = env.step(action)
-            if terminated or truncated:
-                seed += 1
-                observation, _ = env.reset(seed=seed)
-    finally:
-        env.close()
-    stacked = np.stack(frames)
-    stacked.flags.writeable = False
-    return stacked
-
-
-class StaticInt8Forward:
-    """A policy's int8-static pass: quantises each genome it loads, then runs on ONNX Runtime
-    (`engine` "onnxruntime") or on torch, the same numbers either way."""
-
-    def __init__(
-        self, calibrated: StaticInt8Pass, engine: str, observation_shape: tuple[int, ...]
-    ) -> None:
-        self.calibrated = calibrated
-        self.engine = engine
-        self.observation_shape = observation_shape
-        self.net: QuantisedAtariNet | None = None
-        self._session: Any = None
-        self.blocks: ObservationBlocks | None = None
-        """onnxruntime: the blocks of the observation its model takes."""
-        self._single_input = np.zeros((1, 0), dtype=np.uint8)
-        self._single: Any = None
-        self._single_output = np.zeros((1, 0), dtype=np.float32)
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of weights one pass reads (0 before the first load)."""
-        return 0 if self.net is None else self.net.weight_bytes
-
-    def load(
-        self,
-        convs: Sequence[tuple[np.ndarray, np.ndarray]],
-        fc: tuple[np.ndarray, np.ndarray],
-        out: tuple[np.ndarray, np.ndarray],
-    ) -> None:
-        """Quantises these float32 weights (StaticInt8Pass.quantise) and, on onnxruntime,
-        builds the session over them."""
-        self.net = self.calibrated.quantise(convs, fc, out)
-        if self.engine != "onnxruntime":
-            return
-        from worker.onnx_forward import bind_single, session
-        from worker.static_int8_onnx import ObservationBlocks
-
-        if self.blocks is None:  # the first load: the blocks' shape is conv1's, fixed per policy
-            kernel = self.net.conv_integers[0].shape[-1]
-            stride, pad = self.calibrated.strides[0], self.calibrated.pads[0]
-            self.blocks = ObservationBlocks(self.observation_shape, kernel, stride, pad)
-            self._single_input = np.zeros((1, *self.blocks.shape), dtype=np.uint8)
-        self._session = session(self.onnx_model())
-        self._single, self._single_output = bind_single(
-            self._session, self._single_input, self._single_output, len(out[1])
-        )
-
-    def onnx_model(self) -> Any:
-        """The loaded genome's ONNX model (worker/static_int8_onnx.py), over `self.blocks`."""
-        from worker.static_int8_onnx import onnx_model
-
-        if self.net is None or self.blocks is None:
-            raise RuntimeError("load() a genome on onnxruntime before building its model")
-        return onnx_model(self.net, self.blocks, self.calibrated.strides, self.calibrated.pads)
-
-    def __call__(self, observations: np.ndarray) -> np.ndarray:
-        """(batch, n_actions) float32 logits of (batch, *observation_shape) uint8 observations."""
-        if self.net is None:
-            raise RuntimeError("load() a genome before the first forward pass")
-        if observations.dtype != np.uint8:
-            raise ValueError(
-                f"int8-static takes uint8 observations (frame bytes), not {observations.dtype}"
-            )
-        if self._session is None:
-            return self.calibrated.logits(self.net, observations)
-        if len(observations) == 1:
-            self.blocks(observations, out=self._single_input)
-            self._session.run_with_iobinding(self._single)
-            return self._single_output.copy()
-        return self._session.run(None, {"observation": self.blocks(observations)})[0]
-
-
-def calibration_for(inference_dtype: str, env_id: str, dynamics: str) -> np.ndarray | None:
-    """calibration_observations for an int8-static policy of this env; None for other dtypes."""
-    return calibration_observations(env_id, dynamics) if inference_dtype == STATIC_INT8 else None

@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -19,14 +19,29 @@ from neuro.envs.behaviour import behaviour_of
 from neuro.envs.behaviour import behaviour_size as env_behaviour_size
 from neuro.envs.make import EnvHandle
 from neuro.observation_stats import ObservationStats
+from worker.play.atari_vector import SubEnv
 
 
 class Actor(Protocol):
-    """Anything that maps a batch of observations (leading axis) to one action per row.
+    """Anything that maps a batch of observations (leading axis) to one action per row."""
 
-    An actor with a `batch_group` attribute is stepped with the other actors of that group in
-    one `batch_group.act_rows(actors, observations)` call, row i acting as actors[i].
-    """
+    def act_batch(self, observations: np.ndarray) -> np.ndarray | Sequence[Any]: ...
+
+
+class BatchGroup(Protocol):
+    """Actors of different individuals that act together: one call for all their lanes."""
+
+    def act_rows(self, actors: Sequence[Any], observations: np.ndarray) -> np.ndarray:
+        """One action per row, row i acting as actors[i]."""
+        ...
+
+
+@runtime_checkable
+class GroupedActor(Protocol):
+    """An actor stepped with the other actors of its `batch_group` in one act_rows call (the
+    batched runner's slots, worker/runners/batched.py)."""
+
+    batch_group: BatchGroup
 
     def act_batch(self, observations: np.ndarray) -> np.ndarray | Sequence[Any]: ...
 
@@ -90,6 +105,15 @@ class _Lane:
     total: float = 0.0
     steps: int = 0
     results: list[EpisodeResult] = field(default_factory=list)
+    group: BatchGroup | None = None
+    """The actor's batch group, if it has one: the lanes of a group act in one call."""
+    sub_env: SubEnv | None = None
+    """The env as a C++ vector env's sub-env, stepped through its group; None: on its own."""
+
+    @property
+    def batch_key(self) -> int:
+        """Lanes of one key share a forward pass: one actor's, or one batch group's."""
+        return id(self.group if self.group is not None else self.actor)
 
 
 class Rollout:
@@ -133,8 +157,9 @@ class Rollout:
             raise ValueError(f"a run {key!r} is already playing")
         if episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {episodes}")
+        sub_env = handle.env if isinstance(handle.env, SubEnv) else None
         if behaviour_size:
-            if getattr(handle.env, "group", None) is not None:
+            if sub_env is not None:
                 raise ValueError("a vector env's sub-env has no behaviour characterisation (RAM)")
             produced = env_behaviour_size(handle.env, handle.atari)
             if produced != behaviour_size:
@@ -148,6 +173,8 @@ class Rollout:
         discrete = handle.env.action_space.shape == ()
         lane = _Lane(handle, actor, episodes, max_steps, discrete, observation, behaviour_size)
         lane.info = info
+        lane.sub_env = sub_env
+        lane.group = actor.batch_group if isinstance(actor, GroupedActor) else None
         if observation_sums:
             size = int(np.size(observation))
             lane.sums = [0, np.zeros(size), np.zeros(size)]
@@ -174,11 +201,10 @@ class Rollout:
         by_actor: dict[int, list[tuple[Hashable, _Lane]]] = defaultdict(list)
         for key, lane in self._lanes.items():
             # A vector sub-env pressing its reset's FIRE takes no agent action this step.
-            if getattr(lane.handle.env, "ready", True):
+            if lane.sub_env is None or lane.sub_env.ready:
                 # Actors of one batch group (different individuals held together, as by
-                # worker.batched_runner) share one forward pass too.
-                batch_key = getattr(lane.actor, "batch_group", lane.actor)
-                by_actor[id(batch_key)].append((key, lane))
+                # worker.runners.batched) share one forward pass too.
+                by_actor[lane.batch_key].append((key, lane))
         started = time.perf_counter()
         for members in by_actor.values():
             lanes = [lane for _, lane in members]
@@ -195,7 +221,7 @@ class Rollout:
                     lane.sums[1] += observed
                     lane.sums[2] += observed * observed
             try:
-                group = getattr(lanes[0].actor, "batch_group", None)
+                group = lanes[0].group
                 if group is not None:
                     actions = group.act_rows([lane.actor for lane in lanes], batch)
                 else:
@@ -211,9 +237,8 @@ class Rollout:
         finished = []
         groups: dict[int, list[tuple[Hashable, _Lane]]] = defaultdict(list)
         for key, lane in list(self._lanes.items()):
-            group = getattr(lane.handle.env, "group", None)
-            if group is not None:
-                groups[id(group)].append((key, lane))
+            if lane.sub_env is not None:
+                groups[id(lane.sub_env.group)].append((key, lane))
                 continue
             try:
                 # Envs check actions against their space: a Discrete one wants an int.
@@ -233,18 +258,19 @@ class Rollout:
         return finished
 
     def _step_group(self, members: list[tuple[Hashable, _Lane]]) -> list:
-        """One call steps every lane of a vector env (see worker.atari_vector)."""
-        group = members[0][1].handle.env.group
-        actions = {lane.handle.env.index: int(lane.action) for _, lane in members
-                   if lane.handle.env.ready}  # fmt: skip
+        """One call steps every lane of a vector env (see worker.play.atari_vector)."""
+        subs = [lane.sub_env for _, lane in members]
+        group = subs[0].group
+        actions = {sub.index: int(lane.action) for sub, (_, lane) in zip(subs, members, strict=True)
+                   if sub.ready}  # fmt: skip
         try:
             result = group.step(actions)
         except Exception as error:  # one C++ call steps them all: they fail together
             self._failed([key for key, _ in members], error)
             return []
         finished = []
-        for key, lane in members:
-            index = lane.handle.env.index
+        for sub, (key, lane) in zip(subs, members, strict=True):
+            index = sub.index
             # A view: the vector env returns new arrays on every step, and a lane's observation
             # is read (by the forward pass) before the group's next step replaces it.
             lane.observation = result.observations[index]

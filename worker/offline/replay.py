@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuro.envs.make import PAPER, is_atari
+from neuro.layout import DEFAULT_MLP_HIDDEN
 from neuro.noise import PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE, NoiseTableSpec
 from neuro.runfiles import BEST_GENOME, GENOME_FORMAT
-from worker.evaluator import EvaluationSpec, Evaluator
-from worker.policies import DEFAULT_MLP_HIDDEN
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec
 
 if TYPE_CHECKING:
-    from worker.video import Video
+    from worker.offline.video import Video
 
 
 def resolve_genome_path(path: str | os.PathLike) -> Path:
@@ -116,7 +117,7 @@ def evaluate_policy(
         overrides["inference_dtype"] = inference_dtype
     spec = EvaluationSpec(**{**spec.__dict__, **overrides})
     if video is not None:
-        from worker.video import Video, play_recorded
+        from worker.offline.video import Video, play_recorded
 
         if not isinstance(video, Video):
             video = Video(video)

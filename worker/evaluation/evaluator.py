@@ -1,89 +1,37 @@
-"""Turns an evaluation task into episode returns; keeps envs, policies and decoders warm."""
+"""Turns an evaluation spec into episode returns; keeps envs, policies and decoders warm."""
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from neuro.decode import CacheBudget, GenomeDecoder
-from neuro.envs.make import PAPER, EnvHandle
-from neuro.layout import check_parameter_count
-from neuro.noise import NoiseTableSpec, load_noise_table, noise_offset
+from neuro.envs.make import EnvHandle
+from neuro.layout import check_parameter_count, init_scale, parameter_count
+from neuro.noise import load_noise_table
 from neuro.observation_stats import ObservationStats
 from neuro.shared_store import SharedVectorStore
-from worker.envs import GYM, EnvPool
-from worker.envs import EnvBuildError as EnvBuildError  # the client and tests import it here
-from worker.envs import NotRunnableHere as NotRunnableHere
-from worker.onnx_forward import check_inference_engine, default_inference_engine
-from worker.policies import Policy, build_policy
-from worker.rollout import EpisodeResult, play
-from worker.static_int8 import calibration_for
+from worker.evaluation.calibration import calibration_for
+from worker.evaluation.parameters import (
+    load_parameters_file,
+    perturbed_parameters,
+    without_statistics,
+)
+from worker.evaluation.spec import DecoderKey, EvaluationSpec, NetworkKey
+from worker.inference.base import NetSpec
+from worker.inference.policy import Policy, build_policy
+from worker.inference.registry import check_preference, preferred_engine
+from worker.play.envs import GYM, EnvCache
+from worker.play.rollout import EpisodeResult, play
 
-
-@dataclass(frozen=True)
-class EvaluationSpec:
-    """Everything needed to score a genome; a task off the wire becomes one of these."""
-
-    env_id: str
-    seeds: tuple[int, ...]
-    mutation_power: float
-    noise_table: NoiseTableSpec
-    architecture: str
-    hidden_sizes: tuple[int, ...] = ()
-    atari_dynamics: str = PAPER
-    episodes: int = 1
-    max_episode_steps: int = 0
-    env_seed: int | None = None
-    perturbation: tuple[int, int, int, float] | None = None
-    """ES: (version, noise index, sign, sigma) applied to the fetched parameters of version."""
-    parameters_file: str | None = None
-    """A saved parameter vector (.npy) to play instead of decoding `seeds`."""
-    parameters_sha256: str | None = None
-    inference_dtype: str = "float32"
-    """Precision of the forward pass (after the float32 decode): float32, bfloat16 or int8."""
-    behaviour_size: int = 0
-    """> 0: each episode reports its behaviour characterisation of this many values."""
-    observation_size: int = 0
-    """ES with observation normalisation: the fetched version ends with the observation mean
-    and std (this many values each), and the task reports its observations' sums."""
-
-
-def perturbed_parameters(
-    theta: np.ndarray, table: np.ndarray, noise_index: int, sign: int, sigma: float
-) -> np.ndarray:
-    """theta + sign * (sigma * eps(noise_index)) in float32, as the ES master defines it."""
-    n = theta.size
-    offset = noise_offset(noise_index, n, table.size)
-    if sign == 0:
-        return theta.copy()
-    step = np.multiply(table[offset : offset + n], np.float32(sigma))
-    return np.add(theta, np.multiply(step, np.float32(sign)))
-
-
-def _without_statistics(stored: np.ndarray, num_params: int, observation_size: int) -> np.ndarray:
-    """The parameters of an ES vector that may end with observation mean and std; ValueError
-    unless its length is exactly that."""
-    if stored.size != num_params + 2 * observation_size:
-        extra = f" + 2 x {observation_size} observation statistics" if observation_size else ""
-        raise ValueError(
-            f"ES parameters have {stored.size} values, expected {num_params} (the policy's)" + extra
-        )
-    return stored[:num_params]
-
-
-def load_parameters_file(path: str, sha256: str | None = None) -> np.ndarray:
-    """A saved float32 parameter vector, checked against its recorded sha256."""
-    theta = np.load(path, allow_pickle=False)
-    if theta.dtype != np.float32 or theta.ndim != 1:
-        raise ValueError(f"{path}: expected a 1-D float32 array, got {theta.dtype} {theta.shape}")
-    if sha256 is not None and hashlib.sha256(theta.tobytes()).hexdigest() != sha256:
-        raise ValueError(f"{path}: sha256 does not match the genome file's")
-    return theta
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -126,14 +74,16 @@ class Evaluator:
         decode_cache_bytes: int = 512 * 2**20,
         shared_store: SharedVectorStore | None = None,
         max_decoders: int = MAX_DECODERS,
-        atari_engine: str = GYM,
+        atari_backend: str = GYM,
         inference_engine: str | None = None,
     ):
         """`shared_store`: where this host's workers share decoded parents (None: private).
 
-        `atari_engine`: "gym" or "vector" (ale-py's C++ vector env) for paper-protocol Atari.
-        `inference_engine`: what runs the policies' forward pass (see Policy; None: the
-        default, onnxruntime where it is installed).
+        `atari_backend`: "gym" or "vector" (ale-py's C++ vector env) for paper-protocol Atari
+        (neuro-worker --atari-engine).
+        `inference_engine`: the engine to prefer for the policies' forward pass (None:
+        preferred_engine(), onnxruntime where it is installed); `engines_used` records
+        which one each kind of policy got.
 
         `decode_cache_bytes` bounds the decoded vectors of all decoders together, and at most
         `max_decoders` decoders (each holding a noise table) are kept.
@@ -145,14 +95,16 @@ class Evaluator:
         self._decode_budget = CacheBudget(decode_cache_bytes)
         self._max_decoders = max_decoders
         self._shared_store = shared_store
-        self.atari_engine = atari_engine
-        self.inference_engine = (
-            default_inference_engine() if inference_engine is None else inference_engine
+        self.atari_backend = atari_backend
+        self.inference_engine = check_preference(
+            preferred_engine() if inference_engine is None else inference_engine
         )
-        check_inference_engine(self.inference_engine)
-        self._envs = EnvPool(atari_engine)
-        self._policies: dict[tuple, Policy] = {}
-        self._decoders: OrderedDict[tuple, GenomeDecoder] = OrderedDict()  # least recent first
+        self.engines_used: dict[str, str] = {}
+        """"architecture/dtype" -> the engine its policies run on here (the stats file's)."""
+        self._envs = EnvCache(atari_backend)
+        self._policies: dict[NetworkKey, Policy] = {}
+        self._decoders: OrderedDict[DecoderKey, GenomeDecoder] = OrderedDict()  # LRU first
+        self._device_decoders: dict[tuple[DecoderKey, str], Any] = {}
         # ES parameter versions fetched by the link thread, read by the episode thread.
         self._es_parameters: dict[int, np.ndarray] = {}
         self._es_lock = threading.Lock()
@@ -170,20 +122,64 @@ class Evaluator:
             for old in sorted(self._es_parameters)[:-2]:
                 del self._es_parameters[old]
 
-    def parameters(self, spec: EvaluationSpec, policy: Policy) -> np.ndarray:
+    def build_policy(self, spec: EvaluationSpec, handle: EnvHandle) -> Policy:
+        """A new policy for `spec`'s network on `handle`'s env (int8-static: calibrated on the
+        env's own frames), on the engine the registry picks; the choice is logged once."""
+        env = handle.env
+        policy = build_policy(
+            spec.architecture, env.observation_space, env.action_space, spec.hidden_sizes,
+            spec.inference_dtype, self.inference_engine,
+            calibration_for(spec.inference_dtype, spec.env_id, spec.atari_dynamics),
+        )  # fmt: skip
+        kind = f"{spec.architecture}/{spec.inference_dtype}"
+        if kind not in self.engines_used:
+            self.engines_used[kind] = policy.inference_engine
+            preferred = self.inference_engine
+            why = (
+                f" ({preferred} does not serve them)"
+                if policy.inference_engine != preferred
+                else ""
+            )
+            log.info("%s %s policies run on %s%s", spec.architecture, spec.inference_dtype,
+                     policy.inference_engine, why)  # fmt: skip
+        return policy
+
+    def parameters(self, spec: EvaluationSpec, network: NetSpec) -> np.ndarray:
         """The flat parameters a spec names: a saved file, an ES perturbation or a genome."""
+        num_params = parameter_count(network.layout)
         if spec.parameters_file is not None:
             saved = load_parameters_file(spec.parameters_file, spec.parameters_sha256)
-            return _without_statistics(saved, policy.num_params, spec.observation_size)
+            return without_statistics(saved, num_params, spec.observation_size)
         if spec.perturbation is not None:
-            check_parameter_count(policy.num_params, spec.noise_table.size)  # before building it
+            check_parameter_count(num_params, spec.noise_table.size)  # before building it
             _, index, sign, sigma = spec.perturbation
-            theta = _without_statistics(
-                self._fetched(spec), policy.num_params, spec.observation_size
-            )
+            theta = without_statistics(self._fetched(spec), num_params, spec.observation_size)
             table = load_noise_table(spec.noise_table, self._noise_cache_dir)
             return perturbed_parameters(theta, table, index, sign, sigma)
-        return self.decoder(spec, policy).decode(spec.seeds)
+        return self.decoder(spec, network).decode(spec.seeds)
+
+    def device_parameters(self, spec: EvaluationSpec, network: NetSpec, device: str) -> Any:
+        """parameters() as a float32 tensor on a torch device: a genome's seeds decoded there
+        (worker/evaluation/device_decode.py, bit for bit the host's decode) from a copy of the
+        noise table kept on the device, so only the seeds cross to it; anything else through
+        the host."""
+        if spec.parameters_file is not None or spec.perturbation is not None:
+            return self.parameters(spec, network)
+        from worker.evaluation.device_decode import DEFAULT_CACHE_BYTES, TorchDecoder
+
+        key = (spec.decoder_key, device)
+        decoder = self._device_decoders.get(key)
+        if decoder is None:
+            num_params = check_parameter_count(parameter_count(network.layout),
+                                               spec.noise_table.size)  # fmt: skip
+            table = load_noise_table(spec.noise_table, self._noise_cache_dir)
+            scale = init_scale(network.layout)
+            assert scale.size == num_params
+            decoder = TorchDecoder(table, scale, spec.mutation_power, device,
+                                   cache_bytes=DEFAULT_CACHE_BYTES)  # fmt: skip
+            # One network and sigma at a time on a device: the table is what costs memory.
+            self._device_decoders = {key: decoder}
+        return decoder.decode(spec.seeds)
 
     def _fetched(self, spec: EvaluationSpec) -> np.ndarray:
         assert spec.perturbation is not None
@@ -195,7 +191,7 @@ class Evaluator:
         return fetched
 
     def observation_norm(
-        self, spec: EvaluationSpec, policy: Policy
+        self, spec: EvaluationSpec, network: NetSpec
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """(mean, std) the policy normalises observations with under `spec`; None: none."""
         if not spec.observation_size:
@@ -206,8 +202,8 @@ class Evaluator:
             stored = self._fetched(spec)
         else:
             raise ValueError("observation statistics come only with ES parameters")
-        n, size = policy.num_params, spec.observation_size
-        _without_statistics(stored, n, size)  # checks the length
+        n, size = parameter_count(network.layout), spec.observation_size
+        without_statistics(stored, n, size)  # checks the length
         mean, std = stored[n : n + size], stored[n + size :]
         if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std)) and np.all(std > 0)):
             raise ValueError("ES observation statistics must be finite, with std > 0")
@@ -215,14 +211,16 @@ class Evaluator:
 
     def load(self, spec: EvaluationSpec, policy: Policy) -> None:
         """Loads the parameters (and observation normaliser) `spec` names into `policy`."""
-        policy.load_parameters(self.parameters(spec, policy))
-        policy.observation_norm = self.observation_norm(spec, policy)
+        policy.load_parameters(self.parameters(spec, policy.spec))
+        policy.observation_norm = self.observation_norm(spec, policy.spec)
 
     def evaluate(self, spec: EvaluationSpec) -> Evaluation:
         """Plays spec.episodes episodes; the first reset is seeded with spec.env_seed."""
         handle = self._envs.take(spec.env_id, spec.atari_dynamics, spec.behaviour_size > 0)
         try:
-            policy = self._policy(spec, handle)
+            policy = self._policies.get(spec.network_key)
+            if policy is None:
+                policy = self._policies[spec.network_key] = self.build_policy(spec, handle)
             self.load(spec, policy)
             episodes = play(
                 policy, handle, spec.episodes, spec.max_episode_steps, spec.env_seed,
@@ -232,32 +230,22 @@ class Evaluator:
             self._envs.give(spec.env_id, spec.atari_dynamics, handle)
         return Evaluation.of(episodes)
 
-    def _policy(self, spec: EvaluationSpec, handle: EnvHandle) -> Policy:
-        key = (spec.architecture, spec.hidden_sizes, spec.env_id, spec.atari_dynamics,
-               spec.inference_dtype)  # fmt: skip
-        if key not in self._policies:
-            env = handle.env
-            self._policies[key] = build_policy(
-                spec.architecture, env.observation_space, env.action_space, spec.hidden_sizes,
-                spec.inference_dtype, self.inference_engine,
-                calibration_for(spec.inference_dtype, spec.env_id, spec.atari_dynamics),
-            )  # fmt: skip
-        return self._policies[key]
-
-    def decoder(self, spec: EvaluationSpec, policy: Policy) -> GenomeDecoder:
+    def decoder(self, spec: EvaluationSpec, network: NetSpec) -> GenomeDecoder:
         """One decoder (and parent cache) per network shape, noise table and sigma."""
-        key = (spec.noise_table, spec.mutation_power, spec.architecture, spec.hidden_sizes,
-               spec.env_id, spec.atari_dynamics)  # fmt: skip
+        key = spec.decoder_key
         decoder = self._decoders.get(key)
         if decoder is not None:
             self._decoders.move_to_end(key)
             return decoder
+        num_params = parameter_count(network.layout)
         # Before building the table or the init scale: a network the table cannot hold fails.
-        check_parameter_count(policy.num_params, spec.noise_table.size)
+        check_parameter_count(num_params, spec.noise_table.size)
         table = load_noise_table(spec.noise_table, self._noise_cache_dir)
-        namespace = "|".join(map(repr, (*key, policy.num_params)))
+        # The host-shared store's namespace: the key's fields in their order, and the size.
+        fields = [getattr(key, field.name) for field in dataclasses.fields(key)]
+        namespace = "|".join(map(repr, (*fields, num_params)))
         decoder = GenomeDecoder(
-            table, policy.init_scale(), spec.mutation_power, self._decode_cache_bytes,
+            table, init_scale(network.layout), spec.mutation_power, self._decode_cache_bytes,
             shared=self._shared_store, shared_namespace=namespace, budget=self._decode_budget,
         )  # fmt: skip
         self._decoders[key] = decoder

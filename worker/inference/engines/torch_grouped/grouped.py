@@ -15,9 +15,10 @@ range is at most twice as wide as U (the common case: a worker fills its slots i
 some idle; an idle slot inside the range computes zero rows), else the U slots' weights are
 gathered once per step (index_select).
 
-The networks and the action heads are those of worker/policies.py (build_policy), float32 only:
-outputs agree with each individual's own Policy to float32 rounding (the summation order of a
-grouped convolution or a batched matmul is not that of a single one), not bit for bit.
+The networks are those of the per-genome engines (the genome's layout, neuro/layout.py),
+float32 only: outputs agree with each individual's own Policy to float32 rounding (the
+summation order of a grouped convolution or a batched matmul is not that of a single one), not
+bit for bit. This is the batched runner's engine (torch-grouped in the shared table).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from neuro.layout import ATARI_CONVS, ATARI_SHAPE, atari_conv_pads, parameter_layout
+from neuro.inference import CPU, FLOAT32, MLP_ARCHITECTURE
+from neuro.layout import ATARI_CONVS, ATARI_SHAPE, atari_conv_pads
 from neuro.observation_stats import normalise
-from worker.policies import Policy, actions_from_outputs
+from worker.inference.base import NetSpec
 
 __all__ = ["BatchedPolicies", "strict_float32"]
 
@@ -49,23 +51,6 @@ def strict_float32() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def _architecture(template: Policy) -> str:
-    """Which of build_policy's architectures the template is, from its parameter layout."""
-    layout = [(name, tuple(shape)) for name, shape in template.parameter_layout]
-    n_out = layout[-1][1][0]
-    if layout[0][0] == "conv1.weight":
-        for architecture in ("deepga", "nature"):
-            if parameter_layout(architecture, ATARI_SHAPE, n_out) == layout:
-                return architecture
-    elif layout[0][0] == "hidden.0.weight":
-        hidden = [shape[0] for name, shape in layout if name.startswith("hidden.")][::2]
-        if parameter_layout("mlp", template.observation_shape, n_out, hidden) == layout:
-            return "mlp"
-    raise ValueError(
-        f"the template's parameter layout {layout} is none of build_policy's architectures"
-    )
-
-
 def _as_cpu_tensor(array: np.ndarray) -> torch.Tensor:
     """A tensor sharing `array`'s memory; a read-only array (a decoded genome) is only read."""
     with warnings.catch_warnings():
@@ -74,33 +59,30 @@ def _as_cpu_tensor(array: np.ndarray) -> torch.Tensor:
 
 
 class BatchedPolicies:
-    """`capacity` slots of one network's weights, stacked on `device`; act() mixes slots.
+    """`capacity` slots of one network's weights, stacked on `device`; a call mixes slots.
 
-    Built from a template Policy (build_policy's output): its architecture, spaces and
-    observation normaliser are those of every slot. A slot holds nothing until load().
+    A slot holds nothing until load(). Calls return the raw network outputs (logits, or
+    pre-squash Box values); the caller applies the action head.
     """
 
-    def __init__(self, template: Policy, capacity: int, device: str | torch.device = "cpu"):
+    def __init__(self, spec: NetSpec, capacity: int, device: str | torch.device = CPU):
         if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer):
             raise ValueError(f"capacity must be an int, got {capacity!r}")
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
-        if template.inference_dtype != "float32":
-            raise ValueError(
-                f"batched policies run float32 only; the template runs {template.inference_dtype!r}"
-            )
-        self.architecture = _architecture(template)
+        if spec.dtype != FLOAT32:
+            raise ValueError(f"batched policies run float32 only, not {spec.dtype!r}")
+        self.architecture = spec.architecture
         self.capacity = int(capacity)
         self.device = torch.device(device)
         if self.device.type == "cuda":
             # No TF32: a genome must be the same policy on a GPU worker as on a CPU one.
             strict_float32()
-        self.observation_shape = tuple(template.observation_shape)
-        self.action_space = template.action_space
-        self.observation_norm: tuple[np.ndarray, np.ndarray] | None = template.observation_norm
+        self.observation_shape = tuple(spec.observation_shape)
+        self.observation_norm: tuple[np.ndarray, np.ndarray] | None = None
         """(mean, std), as Policy.observation_norm: one normaliser for every slot (ES)."""
-        self.parameter_layout = [(name, tuple(shape)) for name, shape in template.parameter_layout]
-        self.num_params = template.num_params
+        self.parameter_layout = [(name, tuple(shape)) for name, shape in spec.layout]
+        self.num_params = sum(int(np.prod(shape)) for _, shape in self.parameter_layout)
         self._pads = atari_conv_pads(self.architecture)
         self._strides = [stride for _, _, stride in ATARI_CONVS]
         # One (capacity, *shape) tensor per parameter, in the flat layout's order.
@@ -206,7 +188,7 @@ class BatchedPolicies:
 
         with torch.inference_mode():
             x = _as_cpu_tensor(obs).to(self.device).to(torch.float32)
-            if self.architecture == "mlp":
+            if self.architecture == MLP_ARCHITECTURE:
                 rows = self._grid(x.flatten(1), column * depth + rank, width * depth)
                 out = self._mlp(rows.view(width, depth, -1), take)  # (U, m, n_out)
             else:
@@ -257,12 +239,6 @@ class BatchedPolicies:
         x = F.relu(self._dense(x, 6, take))
         return self._dense(x, 8, take)
 
-    def act(self, slots: Sequence[int], observations: np.ndarray) -> np.ndarray:
-        """One action per observation row, row i acting as the individual in slots[i].
-
-        Discrete: argmax (lowest index on ties) + space.start, int64. Box: tanh squashed to
-        [low, high], in the space's dtype. As Policy.act_batch.
-        """
-        return actions_from_outputs(
-            self.forward(slots, observations).cpu().numpy(), self.action_space
-        )
+    def __call__(self, slots: Sequence[int], observations: np.ndarray) -> np.ndarray:
+        """forward()'s outputs as a float32 array on the host."""
+        return self.forward(slots, observations).cpu().numpy()

@@ -1,0 +1,195 @@
+"""The fleet's workers as the master knows them: contacts, work accepted, rate, leases held.
+
+What Status and /metrics report of workers comes from here (WorkerStats); the Fleet
+(master.fleet.scheduler) tells the roster of every call it answers. Pure bookkeeping: time
+comes in as an argument.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+WORKER_SEEN_WINDOW_S = 60.0
+"""A worker counts as connected if it called within this window."""
+RATE_WINDOW_S = 60.0
+"""A worker's frames per second are its accepted frames over this window."""
+FORGET_WORKER_AFTER_S = 600.0
+"""A worker silent this long leaves the worker table, which stays bounded under spot churn."""
+MAX_WORKERS_TRACKED = 4096
+"""The worker table's size, whatever the churn: beyond it the least recently seen goes."""
+STATUS_WORKERS = 256
+"""Status and /metrics list this many workers, the most recently seen."""
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """One worker's figures, as Status and /metrics show them."""
+
+    worker_id: str
+    tasks_leased: int
+    evaluations: int
+    frames: int
+    frames_per_second: float
+    seconds_since_contact: float
+
+
+@dataclass(slots=True)
+class _Worker:
+    first_seen: float
+    last_seen: float
+    evaluations: int = 0
+    frames: int = 0
+    # Accepted frames per whole second of the clock, oldest first: at most window + 1
+    # buckets however often the worker reports, so a report costs O(1) amortised.
+    buckets: deque[list[int]] = field(default_factory=deque)
+    window_frames: int = 0
+    held: set[str] = field(default_factory=set)
+    """Task ids granted to it this phase; Status counts those it still holds."""
+    told_complete: bool = False
+    """It was answered that the run is complete."""
+
+
+class WorkerRoster:
+    """Per-worker contacts, accepted work and a sliding one-minute frame rate.
+
+    Workers are kept least recently seen first, so forgetting the silent ones costs O(1)
+    amortised per contact. Time comes in as an argument.
+    """
+
+    def __init__(
+        self,
+        rate_window_s: float = RATE_WINDOW_S,
+        forget_after_s: float = FORGET_WORKER_AFTER_S,
+        max_workers: int = MAX_WORKERS_TRACKED,
+    ) -> None:
+        if not 0 < rate_window_s <= forget_after_s:
+            raise ValueError(
+                f"need 0 < rate_window_s <= forget_after_s, got {rate_window_s}, {forget_after_s}"
+            )
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        self.rate_window_s = rate_window_s
+        self.forget_after_s = forget_after_s
+        self.max_workers = max_workers
+        self._workers: OrderedDict[str, _Worker] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def seen(self, worker_id: str, now: float) -> None:
+        """Records a contact (any call) from this worker."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            self._workers[worker_id] = _Worker(now, now)
+            if len(self._workers) > self.max_workers:
+                self._workers.popitem(last=False)  # the least recently seen
+        else:
+            worker.last_seen = now
+            self._workers.move_to_end(worker_id)
+        self.forget(now)
+
+    def told_complete(self, worker_id: str) -> None:
+        """This worker was answered that the run is complete."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.told_complete = True
+
+    def untold(self, now: float, within_s: float) -> int:
+        """Workers seen in the last `within_s` seconds that were not yet told the run is over."""
+        horizon, count = now - within_s, 0
+        for worker in reversed(self._workers.values()):  # most recently seen first
+            if worker.last_seen < horizon:
+                break
+            count += not worker.told_complete
+        return count
+
+    def credit(self, worker_id: str, episodes: int, frames: int, now: float) -> None:
+        """Adds an accepted result's episodes and frames to a worker seen at `now`."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return
+        worker.evaluations += episodes
+        worker.frames += frames
+        second = int(now)
+        buckets = worker.buckets
+        if buckets and buckets[-1][0] == second:
+            buckets[-1][1] += frames
+        else:
+            buckets.append([second, frames])
+        worker.window_frames += frames
+        self._trim(worker, now)
+
+    def holding(self, worker_id: str, task_ids: Iterable[str]) -> None:
+        """These tasks were granted to (or kept by) this worker."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.held.update(task_ids)
+
+    def not_holding(self, worker_id: str, task_ids: Iterable[str]) -> None:
+        """This worker finished, dropped or handed back these tasks."""
+        worker = self._workers.get(worker_id)
+        if worker is not None and worker.held:
+            worker.held.difference_update(task_ids)
+
+    def phase_ended(self) -> None:
+        """A new phase's task ids share nothing with the last one's: nobody holds anything."""
+        for worker in self._workers.values():
+            worker.held.clear()
+
+    def connected(self, now: float, within_s: float) -> int:
+        """How many workers were seen in the last `within_s` seconds."""
+        horizon, count = now - within_s, 0
+        for worker in reversed(self._workers.values()):  # most recently seen first
+            if worker.last_seen < horizon:
+                break
+            count += 1
+        return count
+
+    def forget(self, now: float) -> None:
+        """Drops workers not seen for forget_after_s."""
+        horizon = now - self.forget_after_s
+        while self._workers:
+            worker_id, worker = next(iter(self._workers.items()))
+            if worker.last_seen >= horizon:
+                break
+            del self._workers[worker_id]
+
+    def snapshot(
+        self, now: float, holder: Callable[[str], str | None], limit: int | None = None
+    ) -> list[WorkerStats]:
+        """The figures of the `limit` most recently seen workers (all: None), by worker id.
+
+        `holder(task_id)` names a lease's holder.
+        """
+        self.forget(now)
+        recent = reversed(self._workers.items())  # most recently seen first
+        if limit is not None:
+            recent = itertools.islice(recent, limit)
+        stats = []
+        for worker_id, worker in sorted(recent):
+            worker.held = {t for t in worker.held if holder(t) == worker_id}
+            self._trim(worker, now)
+            # Since it joined, if that was less than a window ago; at least a second, so a
+            # first report does not read as a burst.
+            span = max(1.0, min(self.rate_window_s, now - worker.first_seen))
+            stats.append(
+                WorkerStats(
+                    worker_id=worker_id,
+                    tasks_leased=len(worker.held),
+                    evaluations=worker.evaluations,
+                    frames=worker.frames,
+                    frames_per_second=worker.window_frames / span,
+                    seconds_since_contact=max(0.0, now - worker.last_seen),
+                )
+            )
+        return stats
+
+    def _trim(self, worker: _Worker, now: float) -> None:
+        # Bucket s covers [s, s + 1): it leaves once all of it is older than the window.
+        oldest = now - self.rate_window_s - 1
+        buckets = worker.buckets
+        while buckets and buckets[0][0] <= oldest:
+            worker.window_frames -= buckets.popleft()[1]

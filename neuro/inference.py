@@ -1,0 +1,164 @@
+"""What runs where: inference dtypes, engines, runners and devices, and the one table of which
+combinations a worker runs.
+
+Both sides read this table. The master checks a run's dtype and network against it before the
+run starts (master/config.py) and asks it whether its local workers may be the batched one
+(master/run/local_workers.py); the worker's engine registry (worker/inference/registry.py)
+serves exactly these rows (tests/worker/inference/test_engine_contract.py holds the two equal)
+and chooses among them in the order below.
+
+A combination runs when an engine's row lists its dtype, architecture, runner and device, and
+the dtype itself works on that architecture (DTYPE_ARCHITECTURES: int8-static calibrates the
+Atari nets' convolutions, which an mlp has none of).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FLOAT32 = "float32"
+BFLOAT16 = "bfloat16"
+INT8 = "int8"
+INT8_STATIC = "int8-static"
+INFERENCE_DTYPES = (FLOAT32, BFLOAT16, INT8, INT8_STATIC)
+"""Precisions a policy's forward pass may run in; decoding is always float32.
+
+bfloat16: every layer but the output layer in bfloat16. int8: the hidden dense layers' weights
+in int8 (one scale per output unit), their inputs quantised on each call; convolutions in
+bfloat16; the output layer in float32. int8-static (Atari nets only): convolutions and dense
+layer on 7-bit weights and 8-bit activations whose scales are calibrated per genome on fixed
+frames of the game (worker/inference/static_int8.py)."""
+
+ATARI_ARCHITECTURES = ("deepga", "nature")
+MLP_ARCHITECTURE = "mlp"
+ARCHITECTURES = (*ATARI_ARCHITECTURES, MLP_ARCHITECTURE)
+
+PER_GENOME = "per-genome"
+"""The CPU worker's runner: one genome at a time, its episodes batched (worker/runners)."""
+BATCHED = "batched"
+"""`neuro-worker --envs N` or a CUDA device: N tasks of different genomes, one grouped forward
+pass a step."""
+RUNNERS = (PER_GENOME, BATCHED)
+
+CPU = "cpu"
+CUDA = "cuda"
+DEVICES = (CPU, CUDA)
+
+ONNXRUNTIME = "onnxruntime"
+TORCH = "torch"
+TORCH_GROUPED = "torch-grouped"
+INFERENCE_ENGINES = (TORCH, ONNXRUNTIME)
+"""The engines a worker's --inference-engine (NEURO_INFERENCE_ENGINE) may prefer; the batched
+runner has one engine of its own (torch-grouped)."""
+
+DTYPE_ARCHITECTURES: dict[str, tuple[str, ...]] = {
+    FLOAT32: ARCHITECTURES,
+    BFLOAT16: ARCHITECTURES,
+    INT8: ARCHITECTURES,
+    INT8_STATIC: ATARI_ARCHITECTURES,
+}
+"""The architectures each dtype is defined on, whatever the engine."""
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    """One engine's row of the table: what it serves."""
+
+    engine: str
+    runner: str
+    dtypes: frozenset[str]
+    architectures: frozenset[str]
+    devices: frozenset[str]
+
+    def serves(self, dtype: str, architecture: str, runner: str, device: str) -> bool:
+        """Whether this engine runs a policy of this dtype and architecture here."""
+        return (
+            runner == self.runner
+            and device in self.devices
+            and dtype in self.dtypes
+            and architecture in self.architectures
+            and architecture in DTYPE_ARCHITECTURES.get(dtype, ())
+        )
+
+
+TABLE: tuple[EngineRow, ...] = (
+    # ONNX Runtime first: the same numbers as torch's passes up to the order of sums, and a
+    # faster CPU pass (docs/performance.md, "The inference engine").
+    EngineRow(
+        ONNXRUNTIME,
+        PER_GENOME,
+        frozenset({FLOAT32, INT8, INT8_STATIC}),
+        frozenset(ATARI_ARCHITECTURES),
+        frozenset({CPU}),
+    ),
+    EngineRow(
+        TORCH, PER_GENOME, frozenset(INFERENCE_DTYPES), frozenset(ARCHITECTURES), frozenset({CPU})
+    ),
+    # Grouped convolutions and batched matmuls over K weight sets, float32 only: TF32 off, a
+    # genome is the same policy as on a CPU worker up to the order of sums.
+    EngineRow(
+        TORCH_GROUPED,
+        BATCHED,
+        frozenset({FLOAT32}),
+        frozenset(ARCHITECTURES),
+        frozenset({CPU, CUDA}),
+    ),
+)
+"""Every engine's row, in the order a worker prefers them."""
+
+
+def engines_for(dtype: str, architecture: str, runner: str, device: str) -> tuple[str, ...]:
+    """The engines that serve this combination, in the table's order (none: it does not run)."""
+    return tuple(row.engine for row in TABLE if row.serves(dtype, architecture, runner, device))
+
+
+def check_combination(
+    dtype: str, architecture: str, runner: str | None = None, device: str | None = None
+) -> None:
+    """ValueError naming the value unless some engine serves this combination; a runner or
+    device left None may be any."""
+    _check_name("inference dtype", dtype, INFERENCE_DTYPES)
+    _check_name("architecture", architecture, ARCHITECTURES)
+    if runner is not None:
+        _check_name("runner", runner, RUNNERS)
+    if device is not None:
+        _check_name("device", device, DEVICES)
+    if architecture not in DTYPE_ARCHITECTURES[dtype]:
+        defined = DTYPE_ARCHITECTURES[dtype]
+        raise ValueError(
+            f"inference dtype {dtype!r} runs on the {', '.join(defined)} nets, not "
+            f"{architecture!r}: choose one of {', '.join(dtypes_for(architecture))}"
+        )
+    runners = RUNNERS if runner is None else (runner,)
+    devices = DEVICES if device is None else (device,)
+    if any(engines_for(dtype, architecture, r, d) for r in runners for d in devices):
+        return
+    where = " on ".join(part for part in (runner and f"the {runner} runner", device) if part)
+    served = dtypes_for(architecture, runner, device)
+    raise ValueError(
+        f"inference dtype {dtype!r} does not run on {where}: it runs "
+        f"{', '.join(served) or 'nothing'} there"
+    )
+
+
+def dtypes_for(
+    architecture: str, runner: str | None = None, device: str | None = None
+) -> tuple[str, ...]:
+    """The dtypes some engine runs for this architecture (on this runner and device)."""
+    runners = RUNNERS if runner is None else (runner,)
+    devices = DEVICES if device is None else (device,)
+    return tuple(
+        dtype
+        for dtype in INFERENCE_DTYPES
+        if any(engines_for(dtype, architecture, r, d) for r in runners for d in devices)
+    )
+
+
+def batched_runs(dtype: str, architecture: str) -> bool:
+    """Whether the batched runner (--envs, a CUDA device) runs this dtype and network."""
+    return any(engines_for(dtype, architecture, BATCHED, device) for device in DEVICES)
+
+
+def _check_name(what: str, value: str, known: tuple[str, ...]) -> None:
+    if value not in known:
+        raise ValueError(f"{what} {value!r} is not one of {', '.join(known)}")

@@ -1,0 +1,135 @@
+"""The inference seam: what an engine is told to build, what it builds, and its registry record.
+
+An engine turns one network's float32 parameters (the genome's exact decode) into logits, in
+one of the inference dtypes. Engines differ in how (torch's oneDNN and fbgemm kernels, ONNX
+Runtime's MLAS, grouped convolutions on a GPU), never in what a genome means: tests hold every
+engine of a dtype to the same outputs up to the order of float sums.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from neuro.inference import FLOAT32, EngineRow
+from neuro.layout import Layout, parameter_layout
+
+__all__ = ["Engine", "Forward", "GroupedForward", "NetSpec", "NetWeights"]
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    """The network an engine builds a forward pass for."""
+
+    architecture: str
+    observation_shape: tuple[int, ...]
+    n_outputs: int
+    hidden_sizes: tuple[int, ...] = ()
+    dtype: str = FLOAT32
+    calibration: np.ndarray | None = field(default=None, compare=False, repr=False)
+    """int8-static: the (frames, *observation_shape) uint8 observations its activation scales
+    are calibrated on (worker/evaluation/calibration.py); None for other dtypes."""
+
+    @property
+    def layout(self) -> Layout:
+        """(name, shape) of every parameter, in the genome's order (neuro/layout.py)."""
+        return parameter_layout(
+            self.architecture, self.observation_shape, self.n_outputs, self.hidden_sizes
+        )
+
+
+class NetWeights:
+    """One network's parameters: a flat float32 vector in the genome's layout, read by layer.
+
+    Every array it hands out is a view of the vector, so an engine that keeps them (torch's
+    modules do) sees each new genome without a copy.
+    """
+
+    def __init__(self, flat: np.ndarray, layout: Layout) -> None:
+        if flat.dtype != np.float32 or flat.ndim != 1:
+            raise ValueError(
+                f"weights must be a flat float32 vector, got {flat.dtype} {flat.shape}"
+            )
+        if flat.size != sum(math.prod(shape) for _, shape in layout):
+            raise ValueError(f"{flat.size} weights do not fill the layout {layout}")
+        self.flat = flat
+        self.layout = layout
+        self._views: dict[str, np.ndarray] = {}
+        offset = 0
+        for name, shape in layout:
+            size = math.prod(shape)
+            self._views[name] = flat[offset : offset + size].reshape(shape)
+            offset += size
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._views[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._views)
+
+    def layer(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(weight, bias) of a layer, e.g. layer("conv1")."""
+        return self._views[f"{name}.weight"], self._views[f"{name}.bias"]
+
+
+class Forward(Protocol):
+    """One network's forward pass on one engine, built over a policy's NetWeights."""
+
+    @property
+    def layer_bytes(self) -> dict[str, int]:
+        """Bytes of weights each layer ("conv1", "fc", "out", "hidden.0", ...) reads in one
+        pass, in the dtypes this engine computes it in (empty before the first load)."""
+        ...
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one pass reads: the sum of layer_bytes."""
+        ...
+
+    def load(self) -> None:
+        """Re-reads the weights it was built over, after they changed (once per genome)."""
+
+    def __call__(self, observations: np.ndarray) -> np.ndarray:
+        """(batch, n_outputs) float32 outputs of (batch, *observation_shape) observations."""
+
+
+class GroupedForward(Protocol):
+    """Many networks of one spec in one pass: slot i holds one individual's weights."""
+
+    capacity: int
+
+    def load(self, slot: int, flat: object) -> None:
+        """Copies one individual's float32 vector (an ndarray, or a tensor on the device)."""
+
+    def __call__(self, slots: Sequence[int], observations: np.ndarray) -> np.ndarray:
+        """(batch, n_outputs) float32: row i under the weights of slots[i]."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A registry entry: what an engine serves, whether it can run here, and its builder.
+
+    Per-genome engines build a Forward over a policy's NetWeights; the batched runner's
+    engine builds a GroupedForward of `capacity` slots on a device.
+    """
+
+    name: str
+    runner: str
+    dtypes: frozenset[str]
+    architectures: frozenset[str]
+    devices: frozenset[str]
+    available: Callable[[str], str | None]
+    """None where it runs on this device here; else why not (what to install, say)."""
+    build: Callable[..., Forward] | None = None
+    """(NetSpec, NetWeights) -> Forward, for the per-genome runner."""
+    build_grouped: Callable[..., GroupedForward] | None = None
+    """(NetSpec, capacity, device) -> GroupedForward, for the batched runner."""
+
+    @property
+    def row(self) -> EngineRow:
+        """What it serves, as a row of the shared table (neuro/inference.py)."""
+        return EngineRow(self.name, self.runner, self.dtypes, self.architectures, self.devices)

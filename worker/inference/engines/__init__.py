@@ -1,0 +1,2 @@
+"""One folder or file per inference engine; each exports ENGINE, and only
+worker/inference/registry.py imports them."""

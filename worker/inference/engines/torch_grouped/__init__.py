@@ -1,0 +1,37 @@
+"""The batched runner's engine: K individuals of one network in one grouped forward pass, on a
+CPU or a CUDA device (grouped.py), float32 only."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from neuro.inference import ARCHITECTURES, BATCHED, CPU, CUDA, FLOAT32, TORCH_GROUPED
+from worker.inference.base import Engine, GroupedForward, NetSpec
+
+
+def _available(device: str) -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        return "the batched runner needs torch (pip install 'neuro[worker]')"
+    if device == CUDA:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "device 'cuda' asked for, but torch sees no CUDA device here"
+    return None
+
+
+def _build(spec: NetSpec, capacity: int, device: str) -> GroupedForward:
+    from worker.inference.engines.torch_grouped.grouped import BatchedPolicies
+
+    return BatchedPolicies(spec, capacity, device)
+
+
+ENGINE = Engine(
+    name=TORCH_GROUPED,
+    runner=BATCHED,
+    dtypes=frozenset({FLOAT32}),
+    architectures=frozenset(ARCHITECTURES),
+    devices=frozenset({CPU, CUDA}),
+    available=_available,
+    build_grouped=_build,
+)

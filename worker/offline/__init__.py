@@ -1,0 +1,1 @@
+"""Outside training: replay a saved genome (neuro-eval), record it as video."""

@@ -1,0 +1,2 @@
+"""Playing episodes: the one rollout loop, the env cache, the paper's Atari on the C++ vector
+env. Knows nothing of genomes or engines: an actor maps observations to actions."""

@@ -1,0 +1,119 @@
+"""What both runners share: up to `capacity` tasks' episodes in lockstep through one Rollout.
+
+The client's main loop feeds a runner with start() and drains it with step(); a runner holds
+each task's env and whatever it loaded for it (a policy, a slot) until the task ends or is
+dropped. Two runners: per_genome.py (the CPU default) and batched.py (--envs, a GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from neuro.envs.make import EnvHandle
+from worker.evaluation.evaluator import Evaluation, Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.play.atari_vector import SubEnv
+from worker.play.envs import EnvCache
+from worker.play.rollout import Rollout, StepTimers
+
+__all__ = ["RunningTask", "StepTimers", "TaskRunner"]
+
+
+@dataclass
+class RunningTask:
+    task: Any
+    spec: EvaluationSpec
+    handle: EnvHandle
+    actor: Any
+    """What plays it: a loaded policy (per-genome) or a slot's actor (batched)."""
+
+
+class TaskRunner:
+    """What both runners share: up to `capacity` tasks' episodes in lockstep through one
+    Rollout; the caller feeds them with start() and drains them with step()."""
+
+    def __init__(self, evaluator: Evaluator, capacity: int, timers: StepTimers | None,
+                 envs: EnvCache) -> None:  # fmt: skip
+        if capacity < 1:
+            raise ValueError(f"slot capacity must be >= 1, got {capacity}")
+        self.evaluator = evaluator
+        self.capacity = capacity
+        self.timers = timers or StepTimers()
+        # One task's env or policy failing ends that task alone, reported as its error.
+        self._rollout = Rollout(self.timers, contain_failures=True)
+        self._tasks: dict[str, RunningTask] = {}
+        self._envs = envs
+
+    @property
+    def free(self) -> int:
+        return self.capacity - len(self._tasks)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._tasks)
+
+    def task_ids(self) -> list[str]:
+        return list(self._tasks)
+
+    def step(self) -> list[tuple[str, Any, Evaluation]]:
+        """One agent step in every slot; returns the tasks that finished (id, task, returns),
+        those whose env or policy raised with an Evaluation that names the error."""
+        finished = []
+        for task_id, episodes in self._rollout.step():
+            task = self._release(task_id)
+            finished.append((task_id, task.task, Evaluation.of(episodes)))
+        for task_id, error in self._rollout.take_failures():
+            task = self._release(task_id, env_usable=False)
+            finished.append((task_id, task.task, Evaluation([], [], error=error)))
+        return finished
+
+    def drop(self, task_id: str) -> Any | None:
+        """Abandons a task mid-episode; returns it (None if it is not here)."""
+        if task_id not in self._tasks:
+            return None
+        self._rollout.remove(task_id)
+        return self._release(task_id).task
+
+    def _take_env(self, task_id: str, spec: EvaluationSpec) -> EnvHandle:
+        if not self.free:
+            raise RuntimeError(f"no free slot for {task_id}: {self!r}")
+        return self._envs.take(spec.env_id, spec.atari_dynamics, spec.behaviour_size > 0)
+
+    def _give_env(self, spec: EvaluationSpec, handle: EnvHandle) -> None:
+        self._envs.give(spec.env_id, spec.atari_dynamics, handle)
+
+    def _play(self, task_id: str, task: RunningTask, actor: Any) -> None:
+        """Holds the task and starts its episodes with `actor`; released again if that fails."""
+        self._tasks[task_id] = task
+        spec = task.spec
+        try:
+            self._rollout.add(task_id, task.handle, actor, spec.episodes, spec.max_episode_steps,
+                              spec.env_seed, spec.behaviour_size,
+                              bool(spec.observation_size))  # fmt: skip
+        except BaseException:
+            self._release(task_id)
+            raise
+
+    def _release(self, task_id: str, env_usable: bool = True) -> RunningTask:
+        """Frees a task's slot: its env back to the pool (closed instead if it failed: its
+        state is unknown), and what it loaded (_unload)."""
+        task = self._tasks.pop(task_id)
+        if env_usable or isinstance(task.handle.env, SubEnv):
+            # A vector sub-env goes back to its group either way: the group keeps count.
+            self._give_env(task.spec, task.handle)
+        else:
+            with contextlib.suppress(Exception):  # it failed already; closing is best effort
+                task.handle.env.close()
+        self._unload(task)
+        return task
+
+    def start(self, task_id: str, task: Any, spec: EvaluationSpec) -> None:
+        """Takes a task into a free slot; EnvBuildError if its env cannot be built here,
+        ValueError if its parameters cannot be loaded (the caller reports either)."""
+        raise NotImplementedError
+
+    def _unload(self, task: RunningTask) -> None:
+        """Frees what the runner loaded for the task."""
+        raise NotImplementedError
