@@ -11,7 +11,7 @@ WORKERS ?= 2
 # The default shows a population learning: its mean score climbs over 20 generations (~1 min).
 TRAIN_ARGS ?= --generations 20 --no-target
 
-.PHONY: install train test test-fast lint deploy-lint stubs clean
+.PHONY: install train test test-fast test-gpu lint deploy-lint stubs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test: lint deploy-lint
 # The inner loop: lint and every test not marked slow (about a minute on 2 cores).
 test-fast: lint
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# On a GPU host: the tests that run on a CUDA device (marked gpu by tests/conftest.py; skipped,
+# saying so, where torch sees none).
+test-gpu: install
+	$(BIN)/python -m pytest -q -m gpu
 
 # ruff, and the import rules of docs/architecture.md (import-linter contracts in pyproject.toml).
 lint: install

@@ -1,57 +1,45 @@
-"""Shared fixtures: a per-session noise table cache, and real worker processes.
+"""Fixtures shared by the whole suite, and the one hook that marks the GPU tests.
 
-The other shared pieces live in their own modules and are re-exported here:
-
-- tests/harness.py: `live_master`, THE way a test starts an in-process master on loopback
-  (always stopped, its training task cancelled, its channels closed).
-- tests/tiny.py: THE tiny CartPole settings: `tiny_cartpole()` / `TINY_GA` in process,
-  `TINY_CARTPOLE_ARGS` / `LOCAL_CARTPOLE_ARGS` for `python -m master`, `long_elite_tasks()`
-  for a run whose elite tasks last long enough to catch a worker mid-task.
+The shared helpers are modules of tests/support/ (imported by name, never from here):
+processes.py (REPO, worker processes, a free port), harness.py (`live_master`, THE way a test
+starts an in-process master), tiny.py (THE tiny CartPole settings), aws.py, bench.py,
+fleet_calls.py (a test as the worker, on the wire), goldens.py (the decode goldens).
 """
 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.harness import LiveMaster, live_master
-from tests.tiny import (
-    CARTPOLE,
-    LOCAL_CARTPOLE_ARGS,
-    LONG_ELITE_TASKS,
-    TINY_CARTPOLE_ARGS,
-    TINY_GA,
-    long_elite_tasks,
-    tiny_cartpole,
-)
+from tests.support.aws import aws_test_env
 
-__all__ = [
-    "CARTPOLE",
-    "LOCAL_CARTPOLE_ARGS",
-    "LONG_ELITE_TASKS",
-    "REPO",
-    "TINY_CARTPOLE_ARGS",
-    "TINY_GA",
-    "LiveMaster",
-    "aws_test_env",
-    "free_port",
-    "live_master",
-    "long_elite_tasks",
-    "spawn_worker",
-    "stop_processes",
-    "tiny_cartpole",
-    "worker_env",
-]
 
-REPO = Path(__file__).resolve().parent.parent
+def runs_on_cuda(item: pytest.Item) -> bool:
+    """A test runs on a CUDA device when its name ends "_on_cuda" or its `device` parameter
+    (or the `case` it is given) is "cuda"."""
+    if getattr(item, "originalname", item.name).endswith("_on_cuda"):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return params.get("device") == "cuda" or getattr(params.get("case"), "device", None) == "cuda"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks `gpu` every test that runs on a CUDA device, and skips those, saying why, where
+    torch sees none: `make test-gpu` (pytest -m gpu) runs just them on a GPU host."""
+    gpu = [item for item in items if runs_on_cuda(item)]
+    if not gpu:
+        return
+    import torch  # only where GPU tests were collected
+
+    skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
+    for item in gpu:
+        item.add_marker(pytest.mark.gpu)
+        if skip is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -70,42 +58,6 @@ def noise_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ[name] = value
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on right now (for a master started later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def worker_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-
-
-def spawn_worker(
-    port: int, worker_id: str, *extra: str, env: dict[str, str] | None = None, **popen: Any
-) -> subprocess.Popen:
-    """A real `python -m worker` process pointed at a master on loopback.
-
-    `env` adds variables to the worker's environment; `popen` goes to subprocess.Popen
-    (e.g. stdout/stderr to capture its log).
-    """
-    command = [sys.executable, "-m", "worker", "--master", f"127.0.0.1:{port}",
-               "--worker-id", worker_id, "--give-up-after", "20", *extra]  # fmt: skip
-    return subprocess.Popen(command, env={**worker_env(), **(env or {})}, cwd=REPO, **popen)
-
-
-def stop_processes(processes: list[subprocess.Popen], timeout: float = 10.0) -> None:
-    for p in processes:
-        if p.poll() is None:
-            p.terminate()
-    for p in processes:
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 @pytest.fixture
 def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A moto server on loopback; boto3 in this process and in children talks only to it."""
@@ -122,17 +74,3 @@ def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         monkeypatch.setenv(name, value)
     yield endpoint
     server.stop()
-
-
-def aws_test_env(endpoint: str) -> dict[str, str]:
-    """Fake credentials and a loopback endpoint; never the instance metadata service."""
-    return {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_CONFIG_FILE": os.devnull,
-        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-    }

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from neuro.inference import FLOAT32, EngineRow
+from neuro.inference import BATCHED, CPU, FLOAT32, PER_GENOME, EngineRow
 from neuro.layout import Layout, parameter_layout
 
 __all__ = ["Engine", "Forward", "GroupedForward", "NetSpec", "NetWeights"]
@@ -133,3 +133,29 @@ class Engine:
     def row(self) -> EngineRow:
         """What it serves, as a row of the shared table (neuro/inference.py)."""
         return EngineRow(self.name, self.runner, self.dtypes, self.architectures, self.devices)
+
+    def forward(self, spec: NetSpec, weights: NetWeights) -> Forward:
+        """Its per-genome pass of `spec` over `weights`; ValueError naming what it does not
+        serve."""
+        self._check(spec, PER_GENOME, CPU)
+        assert self.build is not None
+        return self.build(spec, weights)
+
+    def grouped(self, spec: NetSpec, capacity: int, device: str) -> GroupedForward:
+        """Its batched pass of `capacity` slots of `spec` on `device`; ValueError naming what
+        it does not serve."""
+        self._check(spec, BATCHED, device)
+        assert self.build_grouped is not None
+        return self.build_grouped(spec, capacity, device)
+
+    def _check(self, spec: NetSpec, runner: str, device: str) -> None:
+        if not self.row.serves(spec.dtype, spec.architecture, runner, device):
+            raise ValueError(
+                f"inference engine {self.name!r} does not serve {spec.architecture} "
+                f"{spec.dtype!r} on the {runner} runner on {device} (it serves "
+                f"{', '.join(sorted(self.dtypes))} on {', '.join(sorted(self.architectures))}, "
+                f"the {self.runner} runner, {', '.join(sorted(self.devices))})"
+            )
+        missing = self.available(device)
+        if missing is not None:
+            raise ValueError(missing)

@@ -40,8 +40,6 @@ class Policy:
     """
 
     def __init__(self, spec: NetSpec, action_space: Any, engine: Engine) -> None:
-        if engine.build is None:
-            raise ValueError(f"inference engine {engine.name!r} builds no per-genome pass")
         self.spec = spec
         self.inference_dtype = spec.dtype
         self.inference_engine = engine.name
@@ -53,7 +51,7 @@ class Policy:
         self.num_params: int = parameter_count(self.parameter_layout)
         self._flat = np.zeros(self.num_params, dtype=np.float32)
         self.weights = NetWeights(self._flat, self.parameter_layout)
-        self.forward: Forward = engine.build(spec, self.weights)
+        self.forward: Forward = engine.forward(spec, self.weights)
         """The engine's pass over `weights`: (batch, n_outputs) float32 outputs."""
         self.forward.load()
 

@@ -140,8 +140,7 @@ class BatchedSlotRunner(TaskRunner):
             network = network_spec(spec.architecture, env.observation_space, env.action_space,
                                    spec.hidden_sizes, spec.inference_dtype)  # fmt: skip
             engine = select(network.dtype, network.architecture, BATCHED, self.device)
-            assert engine.build_grouped is not None
-            forward = engine.build_grouped(network, self.capacity, self.device)
+            forward = engine.grouped(network, self.capacity, self.device)
             group = _SlotGroup(forward, network, env.action_space,
                                list(range(self.capacity - 1, -1, -1)))  # fmt: skip
             self._groups[spec.network_key] = group
