@@ -77,9 +77,11 @@ def run_tree(tree: Path, processes: int, steps: int) -> list[dict[str, dict[str,
     children = [
         subprocess.Popen(
             [sys.executable, "-c", CHILD, str(core), str(steps), json.dumps(COMBINATIONS)],
-            cwd=tree, stdout=subprocess.PIPE, text=True,
+            cwd=tree,
+            stdout=subprocess.PIPE,
+            text=True,
             env={**os.environ, "PYTHONPATH": str(tree)},
-        )  # fmt: skip
+        )
         for core in range(processes)
     ]
     results = []

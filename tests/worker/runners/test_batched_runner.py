@@ -63,6 +63,28 @@ def test_batched_runner_scores_every_task_as_the_per_genome_runner(noise_cache: 
     assert runner.free == 4 and not runner.busy
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_genomes_decoded_on_the_device_score_as_decoded_on_the_host(
+    noise_cache: Path, device: str
+) -> None:
+    """Seeds decoded on the device (from its own copy of the noise table) are the host's
+    parameters bit for bit, so every task scores the same."""
+    specs = {f"t{i}": _spec(tuple(range(3 * i, 3 * i + i + 1)), 2000 + i) for i in range(6)}
+    evaluator = Evaluator(str(noise_cache))
+    on_host = _run_all(BatchedSlotRunner(evaluator, 3, device, decode_on_device=False), specs)
+    runner = BatchedSlotRunner(evaluator, 3, device, decode_on_device=True)
+    assert runner.decode_on_device and runner.device == device
+    assert _run_all(runner, specs) == on_host
+    if device == "cuda":
+        assert BatchedSlotRunner(evaluator, 2, device).decode_on_device  # the default there
+    decoders = list(evaluator._device_decoders.values())
+    assert len(decoders) == 1 and decoders[0].device.type == device
+    seeds = specs["t3"].seeds
+    network = runner._groups[specs["t3"].network_key].network
+    host = evaluator.parameters(specs["t3"], network)
+    assert np.array_equal(decoders[0].decode(seeds).cpu().numpy(), host)
+
+
 def test_batched_runner_refuses_reduced_precision_by_name(noise_cache: Path) -> None:
     runner = BatchedSlotRunner(Evaluator(str(noise_cache)), 2, "cpu")
     with pytest.raises(ValueError, match="'int8'"):
