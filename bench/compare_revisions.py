@@ -132,9 +132,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=REPO,
                            capture_output=True)  # fmt: skip
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
     result: dict[str, Any] = {
         "before": commit,
-        "after": "working tree",
+        "after": head.stdout.strip() + (" with uncommitted changes" if dirty else ""),
         "processes": args.processes,
         "steps": args.steps,
         "rounds": args.rounds,

@@ -135,7 +135,7 @@ class CacheBudget:
 
 class CachedDecoder:
     """The cache walk every genome decoder shares (GenomeDecoder here; the device decoder in
-    worker/torch_decode.py): a hit, else the nearest cached ancestor, the parent kept hot for
+    worker/evaluation/device_decode.py): a hit, else the nearest cached ancestor, the parent kept hot for
     its siblings, the child entering at the cold end.
 
     Subclasses hold `_cache` (key -> vector, least recently used first), `_children` and

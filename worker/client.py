@@ -233,7 +233,7 @@ class WorkerClient:
 
     @property
     def batched(self) -> bool:
-        """Runs tasks of different genomes together (worker.batched_runner): it leases and
+        """Runs tasks of different genomes together (worker.runners.batched): it leases and
         starts up to `slots` of them at once, where a SlotRunner runs one genome at a time."""
         return self._runner_factory is not None
 
@@ -480,8 +480,10 @@ class WorkerClient:
     def stats(self) -> dict:
         """Counters and the time breakdown so far."""
         return {"worker_id": self.worker_id, "slots": self.slots, "time": time.monotonic(),
-                "atari_engine": getattr(self.evaluator, "atari_engine", "gym"),
+                "atari_engine": getattr(self.evaluator, "atari_backend", "gym"),
                 "inference_engine": getattr(self.evaluator, "inference_engine", "torch"),
+                # What each kind of policy ran on ("deepga/int8-static": "onnxruntime").
+                "inference_engines": dict(getattr(self.evaluator, "engines_used", {})),
                 "allocator": this_process_allocator(),
                 **self.counters.__dict__, **self.timers.as_dict()}  # fmt: skip
 

@@ -2,7 +2,7 @@
 
 An entry knows which config sections hold its settings and makes a fresh instance, or one
 restored from a checkpoint, for a run. Registering an entry here is all the rest of the master
-needs, and tests/test_algorithm_contract.py then holds it to the interface of
+needs, and tests/master/algorithms/test_algorithm_contract.py then holds it to the interface of
 master.algorithms.base.
 
 Like the algorithms, the entries do no I/O: what a run's algorithm is made from beyond its

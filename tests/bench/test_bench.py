@@ -179,3 +179,18 @@ def test_pinning_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
         result["summary"]["pinned"]["step_ms"] / result["summary"]["scheduler"]["step_ms"]
     )
     assert result["settings"]["processes"] == 1 and len(result["rounds"]) == 1
+
+
+def test_revision_comparison_at_a_tiny_size(tmp_path: Path) -> None:
+    """Both trees build every engine's policies with their own code and step Frostbite; here
+    the revision is this tree's own commit, so the same keys come back from both sides."""
+    result = run_bench("compare_revisions.py", "--before", "HEAD", "--processes", "1",
+                       "--steps", "5", "--rounds", "1", out=tmp_path / "c.json")  # fmt: skip
+    summary = result["summary"]
+    keys = {f"{d}/{e}" for d in ("float32", "int8", "int8-static")
+            for e in ("torch", "onnxruntime")}  # fmt: skip
+    assert set(summary["before"]) == set(summary["after"]) == set(summary["ratio"]) == keys
+    for side in ("before", "after"):
+        for figures in summary[side].values():
+            assert figures["forward_ms"] > 0 and figures["emulator_ms"] > 0
+    assert len(result["before"]) == 40 and result["after"].startswith(result["before"])

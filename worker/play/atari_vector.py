@@ -12,7 +12,7 @@ FIRE frames of a reset are not counted on either path). What differs: the 0-30 n
 reset are drawn by the emulator's own RNG seeded with the task's seed (mod 2**31), not by
 gymnasium's `np_random`, so the same seed starts the game a different number of frames in.
 Later episodes of a task continue that RNG (an unseeded reset), so a task is reproducible
-from its seed on this engine alone. `tests/test_atari_vector.py` checks both.
+from its seed on this engine alone. `tests/worker/play/test_atari_vector.py` checks both.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ LENGTHS = (1, 2, 5, 40)
 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
-    # As tests/test_decode.py: 2**22 values, enough for the deepga network's 4,052,658.
+    # As tests/neuro/test_decode.py: 2**22 values, enough for the deepga network's 4,052,658.
     return load_noise_table(NoiseTableSpec(seed=123, size=2**22), tmp_path_factory.mktemp("noise"))
 
 

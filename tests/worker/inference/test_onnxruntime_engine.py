@@ -225,6 +225,30 @@ def test_what_onnxruntime_does_not_compute_runs_on_torch() -> None:
         OnnxAtariForward(spec, weights)
 
 
+def test_the_engine_a_policy_got_is_recorded_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """No silent fallback: the evaluator (what a worker runs tasks through) says which engine
+    each kind of policy runs on, once, and why where it is not the preferred one; the stats
+    file carries the same (WorkerClient.stats, "inference_engines")."""
+    evaluator = Evaluator(inference_engine="onnxruntime")
+    handle = make_env("Frostbite-v4")
+    try:
+        with caplog.at_level("INFO", logger="worker.evaluation.evaluator"):
+            for dtype in ("bfloat16", "int8", "bfloat16"):
+                spec = EvaluationSpec("Frostbite-v4", (1,), 0.002, NoiseTableSpec(size=2**22),
+                                      "deepga", inference_dtype=dtype)  # fmt: skip
+                assert evaluator.build_policy(spec, handle).inference_engine == (
+                    "torch" if dtype == "bfloat16" else "onnxruntime"
+                )
+    finally:
+        handle.env.close()
+    assert evaluator.engines_used == {"deepga/bfloat16": "torch", "deepga/int8": "onnxruntime"}
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines == [
+        "deepga bfloat16 policies run on torch (onnxruntime does not serve them)",
+        "deepga int8 policies run on onnxruntime",
+    ]
+
+
 def test_the_default_engine_is_onnxruntime_unless_the_environment_says_otherwise(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
