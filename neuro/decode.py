@@ -135,8 +135,8 @@ class CacheBudget:
 
 class CachedDecoder:
     """The cache walk every genome decoder shares (GenomeDecoder here; the device decoder in
-    worker/evaluation/device_decode.py): a hit, else the nearest cached ancestor, the parent kept hot for
-    its siblings, the child entering at the cold end.
+    worker/evaluation/device_decode.py): a hit, else the nearest cached ancestor, the parent
+    kept hot for its siblings, the child entering at the cold end.
 
     Subclasses hold `_cache` (key -> vector, least recently used first), `_children` and
     `stats`, and give `_extend` (apply seeds to a vector) and `_insert` (admit a vector).

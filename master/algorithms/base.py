@@ -1,8 +1,9 @@
 """What every algorithm is to the rest of the master: ask/tell over explicit, serialisable state.
 
 The trainer, the fleet and the observers speak only the types here; which algorithm runs is
-the registry's business (master.algorithms.registry), and tests/master/algorithms/test_algorithm_contract.py
-holds every registered one to this interface.
+the registry's business (master.algorithms.registry), and
+tests/master/algorithms/test_algorithm_contract.py holds every registered one to this
+interface.
 """
 
 from __future__ import annotations

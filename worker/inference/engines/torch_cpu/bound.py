@@ -24,8 +24,9 @@ def _channels_last(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 def bound_forward(net: AtariNet) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """net's forward pass as one function over its current weights, the ops pre-resolved.
 
-    The same ops in the same order as net.forward (tests/worker/inference/test_policy_and_torch_engine.py holds them bit-equal),
-    without the module machinery between them. A worker's step runs with its caches cold (the
+    The same ops in the same order as net.forward (bit-equal:
+    tests/worker/inference/test_policy_and_torch_engine.py), without the module machinery
+    between them. A worker's step runs with its caches cold (the
     emulator and the dense layer's weight stream evict them), where every Python attribute
     look-up, module call and argument list costs several times what it does warm: on one core
     of the CI-size machine, stepping Frostbite, an int8 pass took ~0.45 ms this way against
