@@ -16,7 +16,7 @@ import random
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,21 +70,22 @@ def heartbeat_interval(lease_seconds: Iterable[float]) -> float:
     return min(max(min(usable) / 4.0, HEARTBEAT_MIN_S), HEARTBEAT_MAX_S)
 
 
-_GENOME_KEYS: OrderedDict[tuple[str, str], tuple] = OrderedDict()
+_GENOME_KEYS: OrderedDict[tuple[str, str], Hashable] = OrderedDict()
 _GENOME_KEYS_KEPT = 4096
 
 
-def _genome_key(task: pb.Task) -> tuple:
-    """Which individual a task evaluates; remembered per task, since the main loop asks on
-    every step and a late genome has hundreds of seeds."""
+def _genome_key(task: pb.Task) -> Hashable:
+    """Which individual a task evaluates (EvaluationSpec.genome_key, the key the runners load
+    policies by); remembered per task, since the main loop asks on every step and a late
+    genome has hundreds of seeds. A task beyond this worker's limits is an individual of its
+    own: it fails when it starts."""
     ident = (task.run_id, task.task_id)
     key = _GENOME_KEYS.get(ident)
     if key is None:
-        if task.HasField("perturbation"):
-            es = task.perturbation
-            key = ("es", es.version, es.noise_index, es.sign)
-        else:
-            key = tuple(task.genome.seeds)
+        try:
+            key = spec_from_task(task).genome_key
+        except ValueError:
+            key = ident
         _GENOME_KEYS[ident] = key
         if len(_GENOME_KEYS) > _GENOME_KEYS_KEPT:
             _GENOME_KEYS.popitem(last=False)

@@ -1,5 +1,8 @@
 """Genome decoding on a torch device, bit-identical to neuro.decode's CPU decoder.
 
+The batched runner on a CUDA device decodes its tasks' genomes here (Evaluator.
+device_parameters), from a copy of the noise table kept on the device: only the seeds cross.
+
 The same definition as neuro/decode.py, over a copy of the noise table on the device:
 
     theta_0 = table[o_0 : o_0 + n] * init_scale

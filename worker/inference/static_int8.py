@@ -149,6 +149,29 @@ def check_observations(observations: np.ndarray) -> np.ndarray:
     return observations
 
 
+class QuantisingForward:
+    """What every engine's int8-static pass shares: the calibrated quantiser of its spec, the
+    policy's weights, and each load's quantised net (an engine adds how it runs it)."""
+
+    def __init__(self, spec: NetSpec, weights: NetWeights) -> None:
+        self.calibrated = StaticInt8Pass.for_spec(spec, check_calibration(spec))
+        self.weights = weights
+        self.net: QuantisedAtariNet | None = None
+
+    @property
+    def layer_bytes(self) -> dict[str, int]:
+        return {} if self.net is None else self.net.layer_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one pass reads (0 before the first load)."""
+        return 0 if self.net is None else self.net.weight_bytes
+
+    def load(self) -> None:
+        """Quantises the weights as they are now."""
+        self.net = self.calibrated.quantise_weights(self.weights)
+
+
 class StaticInt8Pass:
     """Quantises a genome's Atari net by calibration and runs the integer pass on torch.
 

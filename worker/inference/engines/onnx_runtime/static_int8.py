@@ -24,8 +24,7 @@ from worker.inference.base import NetSpec, NetWeights
 from worker.inference.engines.onnx_runtime.session import BoundSession, Graph
 from worker.inference.static_int8 import (
     QuantisedAtariNet,
-    StaticInt8Pass,
-    check_calibration,
+    QuantisingForward,
     check_observations,
 )
 
@@ -155,14 +154,12 @@ def onnx_model(
                        len(out_bias), microsoft_ops=True)  # fmt: skip
 
 
-class OnnxStaticInt8Forward:
+class OnnxStaticInt8Forward(QuantisingForward):
     """A policy's int8-static pass on ONNX Runtime: quantises each genome it loads
     (worker/inference/static_int8.py) and builds a session over the integers."""
 
     def __init__(self, spec: NetSpec, weights: NetWeights) -> None:
-        self.calibrated = StaticInt8Pass.for_spec(spec, check_calibration(spec))
-        self.weights = weights
-        self.net: QuantisedAtariNet | None = None
+        super().__init__(spec, weights)
         kernel = spec.layout[0][1][-1]
         stride, pad = self.calibrated.strides[0], self.calibrated.pads[0]
         self.blocks = ObservationBlocks(spec.observation_shape, kernel, stride, pad)
@@ -174,18 +171,9 @@ class OnnxStaticInt8Forward:
         self._binding: Any = None
         self._single_output = np.zeros((1, 0), dtype=np.float32)
 
-    @property
-    def layer_bytes(self) -> dict[str, int]:
-        return {} if self.net is None else self.net.layer_bytes
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of weights one pass reads (0 before the first load)."""
-        return 0 if self.net is None else self.net.weight_bytes
-
     def load(self) -> None:
         """Quantises the weights as they are now and builds the session over them."""
-        self.net = self.calibrated.quantise_weights(self.weights)
+        super().load()
         self._bound = bound = BoundSession(self.onnx_model(), self._single_input,
                                            self._n_outputs)  # fmt: skip
         self._run_single, self._binding = bound.run_single, bound.binding
