@@ -61,10 +61,11 @@ def scaled_to_unit_input(weight: torch.Tensor) -> torch.Tensor:
 class Int8Linear(nn.Module):
     """A dense layer with int8 weights: one float32 scale per output unit, symmetric.
 
-    scale = max|w_row| / 127 and q = round-half-even(w / scale). Each call quantises its input
-    to uint8 over the input's own range (fbgemm's dynamic quantisation), sums in int32 and
-    returns float32. `reduce_range` keeps activations to 7 bits so that AVX2 CPUs, whose int8
-    dot products pass through saturating int16 sums, compute the same numbers as AVX-512 ones.
+    scale = max|w_row| / 127 and q = round-half-even(w x (1 / scale)), by the one quantiser
+    (worker/inference/quantise.py). Each call quantises its input to uint8 over the input's own
+    range (fbgemm's dynamic quantisation), sums in int32 and returns float32. `reduce_range`
+    keeps activations to 7 bits so that AVX2 CPUs, whose int8 dot products pass through
+    saturating int16 sums, compute the same numbers as AVX-512 ones.
     """
 
     def __init__(self, in_features: int, out_features: int, relu: bool = False) -> None:
