@@ -463,7 +463,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         path = resolve_genome_path(args.genome)
         spec = load_genome_file(path)
         if args.video:
-            from worker.video import Video, require_video_packages
+            from worker.offline.video import Video, require_video_packages
 
             require_video_packages()  # before minutes of episodes, not after
             # Frames are rendered off screen: no window, and no display needed.

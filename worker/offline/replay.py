@@ -86,7 +86,7 @@ def evaluate_policy(
     `evaluate_policy('Frostbite-v4', [seed, ...])` uses the paper's network and settings;
     `evaluate_policy('runs/x/best_genome.json', episodes=30)` replays a saved genome (a run
     dir replays its best_genome.json). `video`: an .mp4 path records the first episode, a
-    `worker.video.Video` the first `Video.episodes` (the `video` extra); the scores are the
+    `worker.offline.video.Video` the first `Video.episodes` (the `video` extra); the scores are the
     same either way. `inference_dtype` overrides the genome file's (default: the file's, or
     float32 for a seed list).
     """
