@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.bench import run_bench
+from tests.support.processes import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -194,3 +195,15 @@ def test_revision_comparison_at_a_tiny_size(tmp_path: Path) -> None:
         for figures in summary[side].values():
             assert figures["forward_ms"] > 0 and figures["emulator_ms"] > 0
     assert len(result["before"]) == 40 and result["after"].startswith(result["before"])
+
+
+def test_replay_engines_at_a_tiny_size(tmp_path: Path, noise_cache: Path) -> None:
+    genome = REPO / "bench" / "results" / "frostbite-best-genome.json"
+    result = run_bench("replay_engines.py", str(genome), "--episodes", "1",
+                       out=tmp_path / "r.json")  # fmt: skip
+    dtypes = ("float32", "bfloat16", "int8", "int8-static")
+    assert set(result["scores"]) == {f"{d}/{e}" for d in dtypes for e in ("torch", "onnxruntime")}
+    assert all(len(scores) == 1 for scores in result["scores"].values())
+    # What onnxruntime does not serve ran on torch, and says so.
+    assert result["engines"]["bfloat16/onnxruntime"] == ["torch"]
+    assert result["engines"]["int8-static/onnxruntime"] == ["onnxruntime"]
