@@ -62,32 +62,60 @@ def _nonnegative(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> float:
-    """A finite number above 0; 1e9 and 1_000_000_000 both read as a billion."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
-    return value
+def _whole(low: int, high: int, why: str) -> Callable[[str], int]:
+    """A whole number in [low, high]; `why` says where the upper bound comes from."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {low} or more, got {text!r}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"expected at most {high} ({why}), got {text!r}")
+        return value
+
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    value = _nonnegative(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, got {text!r}")
-    return value
+def _positive(high: float, why: str) -> Callable[[str], float]:
+    """A finite number above 0 and at most `high`; 1e9 and 1_000_000_000 both read as a
+    billion."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"expected at most {high:g} ({why}), got {text!r}")
+        return value
+
+    return parse
 
 
-def _price(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a price in USD, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"a price cannot be negative, got {text!r}")
-    return value
+def _price(high: float, unit: str) -> Callable[[str], float]:
+    """A finite price in USD per `unit`, from 0 (capacity already paid for) to `high`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a price in USD, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite price in USD, got {text!r}")
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"a price cannot be negative, got {text!r}")
+        if value > high:
+            raise argparse.ArgumentTypeError(
+                f"expected at most {high:g} USD per {unit} (no AWS price comes near), got {text!r}"
+            )
+        return value
+
+    return parse
 
 
 def _duration(text: str) -> float:
@@ -125,34 +153,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     budget = estimate.add_mutually_exclusive_group()
     budget.add_argument(
-        "--frames", type=_positive, help="frame budget (default the paper's 1e9 Atari frames)"
+        "--frames",
+        type=_positive(cost.MAX_FRAMES, "more than the largest fleet plays in a year"),
+        help="frame budget (default the paper's 1e9 Atari frames)",
     )
     budget.add_argument(
-        "--generations", type=_positive_int, help="a budget in generations (needs --episode-steps)"
+        "--generations",
+        type=_whole(1, cost.MAX_GENERATIONS, "a plan, not a typo"),
+        help="a budget in generations (needs --episode-steps)",
     )
-    estimate.add_argument("--population", type=_positive_int, help="with --generations (1000)")
+    estimate.add_argument(
+        "--population",
+        type=_whole(1, cost.MAX_POPULATION, "a plan, not a typo"),
+        help="with --generations (1000)",
+    )
     estimate.add_argument(
         "--episode-steps",
-        type=_positive,
+        type=_positive(cost.MAX_EPISODE_STEPS, "a worker's cap on an episode"),
         help="mean episode length in agent steps (4 frames each), with --generations",
     )
     estimate.add_argument(
         "--elite-candidates",
-        type=_positive_int,
+        type=_whole(1, cost.MAX_ELITE, "a plan, not a typo"),
         default=cost.ELITE_CANDIDATES,
         help="with --generations (default %(default)s)",
     )
     estimate.add_argument(
         "--elite-episodes",
-        type=_positive_int,
+        type=_whole(1, cost.MAX_ELITE, "a plan, not a typo"),
         default=cost.ELITE_EPISODES,
         help="with --generations (default %(default)s)",
     )
-    estimate.add_argument("--workers", type=_positive_int, help="1-vCPU workers (default 16)")
+    estimate.add_argument(
+        "--workers",
+        type=_whole(1, cost.MAX_WORKERS, "ECS's quota of tasks per service"),
+        help="1-vCPU workers (default 16)",
+    )
     estimate.add_argument(
         "--capacity", choices=cost.CAPACITIES, help="as for up (default fargate-spot)"
     )
-    estimate.add_argument("--worker-memory", type=_positive_int, help="MiB per worker (4096)")
+    low, high = cost.WORKER_MEMORY_MIB
+    estimate.add_argument(
+        "--worker-memory",
+        type=_whole(low, high, "the template's WorkerMemory range"),
+        help="MiB per worker (4096; fargate-spot: 2048-8192 in steps of 1024)",
+    )
     estimate.add_argument("--worker-instance-types", help="Spot host types for ec2-spot")
     estimate.add_argument(
         "--worker-gpu",
@@ -259,13 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _price_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--price",
-        type=_price,
+        type=_price(cost.MAX_PRICE_PER_VCPU_HOUR, "vCPU-hour"),
         metavar="USD_PER_VCPU_HOUR",
         help="worker price instead of the region's current one (estimate: then asks AWS nothing)",
     )
     parser.add_argument(
         "--master-price",
-        type=_price,
+        type=_price(cost.MAX_PRICE_PER_HOUR, "hour"),
         metavar="USD_PER_HOUR",
         help="the master instance's price instead of the Price List's on-demand one",
     )
@@ -372,6 +417,7 @@ def cmd_status(clients: Clients, args: argparse.Namespace, out: Callable[[str], 
                 },
                 sort_keys=True,
                 default=str,
+                allow_nan=False,
             )
         )
         return 0
@@ -395,16 +441,39 @@ def cmd_status(clients: Clients, args: argparse.Namespace, out: Callable[[str], 
 def _describe_run(run: dict[str, Any] | None, uri: str) -> str:
     if run is None:
         return f"run: no status in {uri} yet (the master uploads one within a minute of starting)"
-    age = time.time() - float(run.get("updated_at", 0))
+    # Each figure as the master wrote it, or "?" where status.json holds no number there: a
+    # damaged file must not end `status` with a traceback.
+    updated = _number(run.get("updated_at"))
+    age = "?" if updated is None else f"{time.time() - updated:.0f}"
     state = "complete" if run.get("run_complete") else f"{run.get('phase', '?')} phase"
-    elite = run.get("elite_score")
+    elite = _number(run.get("elite_score"))
     elite_text = "-" if elite is None else f"{elite:,.1f}"
     return (
-        f"run {run.get('env_id', '?')}: generation {run.get('generation', '?')} ({state}), "
-        f"{run.get('frames', 0):,} frames, elite {elite_text}, "
-        f"{run.get('workers', 0)} workers connected, {run.get('leases_reissued', 0)} leases "
-        f"re-issued; as of {age:.0f} s ago\nrun dir: {uri}"
+        f"run {run.get('env_id', '?')}: generation {_count(run, 'generation', '?')} ({state}), "
+        f"{_count(run, 'frames')} frames, elite {elite_text}, "
+        f"{_count(run, 'workers')} workers connected, {_count(run, 'leases_reissued')} leases "
+        f"re-issued; as of {age} s ago\nrun dir: {uri}"
     )
+
+
+def _number(value: Any) -> float | None:
+    """A finite number of status.json, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if -1e300 < value < 1e300 else None
+
+
+def _count(run: dict[str, Any], key: str, missing: str = "0") -> str:
+    """status.json's count under `key`, with thousands separators; `missing` if absent."""
+    if key not in run:
+        return missing
+    value = run[key]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    number = _number(value)
+    if number is None:
+        return "?"
+    return f"{int(number):,}" if number.is_integer() else f"{number:,.1f}"
 
 
 def cmd_scale(clients: Clients, args: argparse.Namespace, out: Callable[[str], None]) -> int:
@@ -491,8 +560,37 @@ COMMANDS: dict[str, Callable[..., int]] = {
 }
 
 
+def check_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What `estimate`'s flags must satisfy together; parser.error (exit 2) names them."""
+    defaults = cost.template_parameter_defaults(stack.template_body())
+    capacity = args.capacity or defaults["WorkerCapacity"]
+    memory = args.worker_memory
+    fargate = cost.FARGATE_WORKER_MEMORY_MIB
+    if capacity == "fargate-spot" and memory is not None and memory not in fargate:
+        parser.error(f"--worker-memory {memory}: a 1-vCPU Fargate Spot worker takes "
+                     f"{fargate[0]}-{fargate[-1]} MiB in steps of 1024 (or --capacity "
+                     "ec2-spot)")  # fmt: skip
+    if args.generations is not None and args.episode_steps is not None:
+        population = args.population or int(defaults["Population"])
+        frames = cost.frames_for_generations(
+            args.generations, population, args.episode_steps, args.elite_candidates,
+            args.elite_episodes,
+        )  # fmt: skip
+        if frames > cost.MAX_FRAMES:
+            parser.error(
+                f"--generations {args.generations} x (--population {population} + "
+                f"--elite-candidates {args.elite_candidates} x --elite-episodes "
+                f"{args.elite_episodes}) x --episode-steps {args.episode_steps:g} is "
+                f"{frames:.3g} frames, more than {cost.MAX_FRAMES:.0e} (more than the largest "
+                "fleet plays in a year)"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "estimate":
+        check_estimate(parser, args)
 
     def out(line: str) -> None:
         print(line, flush=True)

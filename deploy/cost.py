@@ -30,6 +30,29 @@ FARGATE_SPOT_GB = "SpotUsage-Fargate-GB-Hours"
 """Ends of the Price List usage types of Fargate Spot, Linux x86 (the region prefix varies)."""
 CAPACITIES = ("fargate-spot", "ec2-spot")
 
+# Bounds on what `estimate` is asked, each for a reason: inside them every figure it prints is
+# finite, and outside them the input is a typo, not a plan.
+MAX_WORKERS = 5000
+"""The stack runs every worker as a task of one ECS service, and ECS's default quota is 5,000
+tasks per service (on ec2-spot hosts also 5,000 container instances per cluster)."""
+WORKER_MEMORY_MIB = (1024, 8192)
+"""The template's WorkerMemory MinValue and MaxValue."""
+FARGATE_WORKER_MEMORY_MIB = (2048, 3072, 4096, 5120, 6144, 7168, 8192)
+"""The memory sizes Fargate offers a 1-vCPU task (the template's FargateWorkerMemory rule)."""
+MAX_FRAMES = 10**15
+"""More than MAX_WORKERS workers play in a year at any measured rate (5,000 workers x ~2,000
+frames/s x 3.2e7 s is 3e14): a million times the paper's budget."""
+MAX_GENERATIONS = 10_000_000
+MAX_POPULATION = 10_000_000
+MAX_ELITE = 100_000
+"""Elite candidates, and episodes each: the paper's are 10 and 30."""
+MAX_EPISODE_STEPS = 10_000_000
+"""A worker's own cap on a task's steps per episode (worker/limits.py MAX_EPISODE_STEPS)."""
+MAX_PRICE_PER_VCPU_HOUR = 100.0
+MAX_PRICE_PER_HOUR = 10_000.0
+"""EC2's on-demand list prices, its largest memory and GPU instances included, stay under
+1 USD per vCPU-hour and 500 USD per instance-hour: prices far above both are typos."""
+
 
 @dataclass(frozen=True)
 class Throughput:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -120,7 +121,14 @@ def cmd_estimate(
     worker_price, master_price, unpriced = _prices(clients, args, settings, region)
     result = cost.cost(frames, rate, settings["workers"], worker_price, master_price)
     total = result.worker_usd + (result.master_usd or 0.0)
+    # The flags' bounds keep every figure finite; a price AWS sent is checked here.
+    if not all(map(math.isfinite, (result.vcpu_hours, result.wall_hours, total))):
+        raise DeployError(
+            f"no finite estimate: {frames:g} frames at {worker_price.usd:g} USD per vCPU-hour "
+            f"({worker_price.source})"
+        )
     if args.json:
+        # allow_nan=False: the output is JSON, never a NaN or Infinity no parser accepts.
         out(
             json.dumps(
                 {
@@ -134,6 +142,7 @@ def cmd_estimate(
                     "region": region,
                 },
                 sort_keys=True,
+                allow_nan=False,
             )
         )
         return 0
@@ -190,10 +199,18 @@ def cost_so_far(
     if run is None:
         return None
     rate = cost.throughput()
-    frames = float(run.get("frames", 0))
+    model = (
+        "worker vCPU-hours = frames so far / measured frames per vCPU-hour "
+        f"({rate.frames_per_vcpu_hour:,.0f}, {rate.key}); master hours = since stack creation"
+    )
+    frames = frames_so_far(run)
+    if frames is None:
+        # Charged from nothing rather than from a guess: the master writes a count.
+        return {"model": model, "frames": None, "vcpu_hours": None,
+                "unpriced": f"status.json's frames is {run.get('frames')!r}, not a count of "
+                "frames"}  # fmt: skip
     report: dict[str, Any] = {
-        "model": "worker vCPU-hours = frames so far / measured frames per vCPU-hour "
-        f"({rate.frames_per_vcpu_hour:,.0f}, {rate.key}); master hours = since stack creation",
+        "model": model,
         "frames": frames,
         "vcpu_hours": rate.vcpu_hours(frames),
     }
@@ -232,6 +249,17 @@ def cost_so_far(
     return report
 
 
+def frames_so_far(run: dict[str, Any]) -> float | None:
+    """status.json's frame count (0 before the first), or None if it is not a finite count."""
+    frames = run.get("frames", 0)
+    if isinstance(frames, bool) or not isinstance(frames, int | float):
+        return None
+    # A chained comparison: False for NaN, and no float conversion of a huge int.
+    if not 0 <= frames <= cost.MAX_FRAMES:
+        return None
+    return float(frames)
+
+
 def _brief(error: Exception) -> str:
     """An error in one line: AWS's code and message, not the HTML page of a failing endpoint."""
     if isinstance(error, DeployError):
@@ -246,6 +274,8 @@ def _brief(error: Exception) -> str:
 def describe_cost_so_far(spent: dict[str, Any] | None) -> list[str]:
     if spent is None:
         return ["cost so far: none counted yet (no status.json)"]
+    if spent["frames"] is None:
+        return [f"cost so far: unknown ({spent['unpriced']})", f"  model: {spent['model']}"]
     lines = [
         f"cost so far: {spent['vcpu_hours']:,.2f} worker vCPU-hours for "
         f"{spent['frames']:,.0f} frames"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -380,10 +381,21 @@ def run_status(clients: Clients, info: StackInfo) -> dict[str, Any] | None:
         if _code(error) in {"NoSuchKey", "404", "NoSuchBucket"}:
             return None
         raise
+    where = f"s3://{bucket}/{_key(prefix, 'status.json')}"
     try:
-        return json.loads(body.read())
+        # NaN, Infinity and numbers beyond a float read as null: what status prints and its
+        # --json output (which must stay JSON) never carry a value that is no number.
+        run = json.loads(body.read(), parse_constant=lambda _: None, parse_float=_finite_or_none)
     except json.JSONDecodeError as error:
-        raise DeployError(f"s3://{bucket}/{_key(prefix, 'status.json')}: {error}") from None
+        raise DeployError(f"{where}: {error}") from None
+    if not isinstance(run, dict):
+        raise DeployError(f"{where}: expected a JSON object, got {type(run).__name__}")
+    return run
+
+
+def _finite_or_none(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
 
 
 def fetch_run(clients: Clients, info: StackInfo, destination: Path) -> list[tuple[Path, int]]:

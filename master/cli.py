@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -30,6 +31,7 @@ from master.config import (
     ATARI_DYNAMICS,
     INFERENCE_DTYPES,
     RunConfig,
+    check_setting,
     inspect_env_id,
     preset,
 )
@@ -50,28 +52,63 @@ def _hidden_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def _positive_seconds(text: str) -> float:
+def _seconds(text: str, source: str = "") -> float:
     try:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
     if not 0 < seconds < math.inf:
+        where = f" ({source})" if source else ""
         raise argparse.ArgumentTypeError(
-            f"must be a number of seconds > 0 (flag or NEURO_S3_SYNC_SECONDS), got {text!r}"
+            f"must be a finite number of seconds > 0{where}, got {text!r}"
         )
     return seconds
 
 
-def _metrics_port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(
-            f"must be a port in 0-65535 (flag or NEURO_METRICS_PORT), got {text!r}"
-        )
+def _positive_seconds(text: str) -> float:
+    return _seconds(text, "flag or NEURO_S3_SYNC_SECONDS")
+
+
+def _checkpoint_seconds(text: str) -> float:
+    # 0 or less would checkpoint (and fsync) in a busy loop; NaN would never checkpoint.
+    return _seconds(text)
+
+
+def _port(source: str) -> Callable[[str], int]:
+    def port(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if not 0 <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"must be a port in 0-65535 ({source}), got {text!r}")
+        return value
+
     return port
+
+
+_metrics_port = _port("flag or NEURO_METRICS_PORT")
+
+
+def _checked(name: str, convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A flag type that converts, then holds the value to the RunConfig setting's bounds, so a
+    bad value is refused at parse time, naming the flag, before anything is written."""
+
+    def checked(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"invalid {getattr(convert, '__name__', 'value')} value: {text!r}"
+            ) from None
+        try:
+            check_setting(name, value)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return value
+
+    checked.__name__ = getattr(convert, "__name__", name)
+    return checked
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,6 +210,8 @@ def _settings() -> tuple[_Setting, ...]:
                 if hints[name] is bool
                 else {"type": _TYPES.get(name) or _scalar(hints[name]), "help": help_text}
             )
+            if cls is RunConfig and "type" in options:
+                options["type"] = _checked(name, options["type"])
             if name in _CHOICES:
                 options["choices"] = _CHOICES[name]
             flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
@@ -217,9 +256,10 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--port",
-        type=int,
-        default=int(os.environ.get("NEURO_PORT", "8080")),
-        help="gRPC port (default %(default)s; 0 picks a free one)",
+        type=_port("flag or NEURO_PORT"),
+        default=os.environ.get("NEURO_PORT", "8080"),
+        help="gRPC port (default %(default)s; 0 picks a free one; env NEURO_PORT). Another "
+        "process listening there makes the master exit",
     )
     p.add_argument("--local-workers", type=int, default=0, metavar="W",
                    help="also start W worker processes on this machine, each pinned to a core "
@@ -230,11 +270,12 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--run-dir",
         default=os.environ.get("NEURO_RUN_DIR"),
-        help="where metrics and genomes go (default runs/ENV-TIMESTAMP)",
+        help="where metrics and genomes go (default runs/ENV-TIMESTAMP); one master at a time: "
+        "another master on it makes this one exit",
     )
     p.add_argument(
         "--checkpoint-seconds",
-        type=float,
+        type=_checkpoint_seconds,
         default=30.0,
         help="checkpoint this often within a generation (and after each one)",
     )
@@ -318,15 +359,44 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(
         args.run_dir or f"runs/{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    mirror = None
-    if args.s3_uri is not None:
-        mirror = _s3_mirror(parser, args.s3_uri)
-        # Before resume-or-new: a replacement machine continues the run S3 holds.
-        if not _restore(mirror, run_dir):
-            return 1
-    config, resume = _resolve_config(parser, args, run_dir)
+    mirror = _s3_mirror(parser, args.s3_uri) if args.s3_uri is not None else None
+    if mirror is None and not run_dir.exists():
+        # A new run: its settings are refused (exit 2) before the lock makes the run dir.
+        _resolve_config(parser, args, run_dir)
     token, tls = _security(parser, args)
-    return _serve(args, config, run_dir, resume, mirror, token, tls)
+    return _locked_run(parser, args, run_dir, mirror, token, tls)
+
+
+def _locked_run(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    run_dir: Path,
+    mirror: RunDirMirror | None,
+    token: str | None,
+    tls: tuple[bytes, bytes] | None,
+) -> int:
+    """Restores, resolves and serves the run holding the run dir's lock; 1 if another has it."""
+    from master.run.rundir import RunDirInUse, run_dir_lock
+
+    with contextlib.ExitStack() as held:
+        try:
+            # Held until the master has stopped: one master per run dir.
+            held.enter_context(run_dir_lock(run_dir))
+        except (RunDirInUse, OSError) as error:
+            print(f"neuro-master: {_lock_error(run_dir, error)}", file=sys.stderr)
+            return 1
+        # Before resume-or-new: a replacement machine continues the run S3 holds.
+        if mirror is not None and not _restore(mirror, run_dir):
+            return 1
+        # Decided under the lock: the master that held it may have left a checkpoint.
+        config, resume = _resolve_config(parser, args, run_dir)
+        return _serve(args, config, run_dir, resume, mirror, token, tls)
+
+
+def _lock_error(run_dir: Path, error: Exception) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return f"cannot lock run dir {run_dir}: {error.strerror}"
+    return str(error)
 
 
 def _resolve_config(
@@ -364,7 +434,15 @@ def _resumed_config(
 
     budget = {k: overrides.pop(k) for k in ("generations", "frames", "target_score")
               if k in overrides}  # fmt: skip
-    saved = resume_config(resume)
+    try:
+        saved = resume_config(resume)
+    except (ValueError, TypeError, KeyError) as error:
+        # E.g. a bad value an older master accepted (lease_seconds 0): refused, never run.
+        why = f"no {error.args[0]!r} setting" if isinstance(error, KeyError) else str(error)
+        raise ValueError(
+            f"{run_dir} holds a checkpoint whose settings cannot run ({why}); it cannot be "
+            "resumed: start the run in a new --run-dir"
+        ) from None
     changed = sorted(k for k, v in overrides.items() if _setting(saved, settings[k]) != v)
     if changed:
         raise ValueError(

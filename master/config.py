@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +19,8 @@ from master.algorithms.registry import ALGORITHMS, get
 from neuro.envs.make import ATARI_DYNAMICS, EnvKind, inspect_env_id
 from neuro.genome import Genome
 from neuro.inference import ARCHITECTURES, INFERENCE_DTYPES, check_combination
-from neuro.noise import PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
+from neuro.layout import ATARI_SHAPE, check_parameter_count, parameter_count, parameter_layout
+from neuro.noise import MAX_NOISE_TABLE_SIZE, PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
 from neuro.runfiles import GENOME_FORMAT
 
 __all__ = [
@@ -25,13 +28,64 @@ __all__ = [
     "ARCHITECTURES",
     "ATARI_DYNAMICS",
     "INFERENCE_DTYPES",
+    "MAX_EVALUATIONS_PER_GENERATION",
     "EnvKind",
     "RunConfig",
+    "check_setting",
     "inspect_env_id",
     "preset",
 ]
 
 ATARI_TRAINING_EPISODE_STEPS = 5000
+MAX_EVALUATIONS_PER_GENERATION = 250_000
+"""Episodes one generation may ask for (ES: 2 x pairs + eval_episodes; GA: population +
+elite_candidates x elite_episodes). The master keeps about 1 KB of bookkeeping per evaluation of
+the running generation (its request, task and lease), and all of it at once: 250,000 is about
+0.25 GB, and a setting of 100,000,000 pairs would exhaust the machine before the first task."""
+_UINT32_MAX = 2**32 - 1
+"""The wire's uint32 fields (the noise table's seed, a task's max_episode_steps and episodes)."""
+
+
+def _positive_finite(value: float) -> str | None:
+    ok = isinstance(value, int | float) and math.isfinite(value) and value > 0
+    return None if ok else "must be a positive, finite number of seconds"
+
+
+def _finite_or_none(value: float | None) -> str | None:
+    if value is None or (isinstance(value, int | float) and math.isfinite(value)):
+        return None
+    return "must be a finite number (--no-target sets no target)"
+
+
+def _int_in(low: int, high: int | None = None) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if isinstance(value, int) and value >= low and (high is None or value <= high):
+            return None
+        return f"must be an integer >= {low}" if high is None else f"must be in [{low}, {high}]"
+
+    return check
+
+
+_SETTING_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "lease_seconds": _positive_finite,
+    "max_task_attempts": _int_in(1),
+    "target_score": _finite_or_none,
+    # A uint32 on the wire; the noise table's own bounds (neuro.noise.NoiseTableSpec).
+    "noise_table_seed": _int_in(0, _UINT32_MAX),
+    "noise_table_size": _int_in(1, MAX_NOISE_TABLE_SIZE),
+    "max_episode_steps": _int_in(0, _UINT32_MAX),
+    "episodes_per_task": _int_in(1, _UINT32_MAX),
+}
+"""Bounds of RunConfig's own scalar settings: checked by RunConfig (so a checkpoint's config is
+held to them too) and by the command line's flags, each alone, at parse time."""
+
+
+def check_setting(name: str, value: Any) -> None:
+    """ValueError("NAME must ..., got VALUE") if `value` is out of the setting's bounds."""
+    check = _SETTING_CHECKS.get(name)
+    problem = check(value) if check is not None else None
+    if problem is not None:
+        raise ValueError(f"{name} {problem}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -111,10 +165,40 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.max_episode_steps < 0:
-            raise ValueError(f"max_episode_steps must be >= 0, got {self.max_episode_steps}")
-        if self.episodes_per_task < 1:
-            raise ValueError(f"episodes_per_task must be >= 1, got {self.episodes_per_task}")
+        for name in _SETTING_CHECKS:
+            check_setting(name, getattr(self, name))
+        self._check_network_fits_table()
+        self._check_generation_size()
+
+    def _check_network_fits_table(self) -> None:
+        """The smallest network this architecture can be (one input, one output) must fit the
+        noise table and a worker's limit, which workers would refuse otherwise, task after task."""
+        shape = ATARI_SHAPE if self.architecture != "mlp" else (1,)
+        floor = parameter_count(parameter_layout(self.architecture, shape, 1, self.hidden_sizes))
+        check_parameter_count(floor)
+        if floor > self.noise_table_size:
+            raise ValueError(
+                f"noise_table_size {self.noise_table_size} is smaller than the network: "
+                f"{self.architecture} {list(self.hidden_sizes)} has at least {floor} parameters"
+            )
+
+    def _check_generation_size(self) -> None:
+        """Refused before the master allocates a generation's bookkeeping it cannot hold."""
+        es, ga = self.es, self.ga
+        if es is not None and "es" in get(self.algorithm).sections:
+            total = es.evaluations_per_generation
+            formula = f"2 x pairs ({es.pairs}) + eval_episodes ({es.eval_episodes})"
+        else:
+            total = ga.evaluations_per_generation
+            formula = (
+                f"population_size ({ga.population_size}) + elite_candidates "
+                f"({ga.elite_candidates}) x elite_episodes ({ga.elite_episodes})"
+            )
+        if total > MAX_EVALUATIONS_PER_GENERATION:
+            raise ValueError(
+                f"a generation of {formula} = {total} evaluations is more than the master "
+                f"holds at once ({MAX_EVALUATIONS_PER_GENERATION}, about 1 KB each)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

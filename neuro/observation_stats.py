@@ -25,6 +25,16 @@ CLIP = 5.0
 """Normalised observations are clipped to +-CLIP."""
 MAX_OBSERVATION_SIZE = 4096
 """Largest observation (flattened) a normaliser is kept for: vector envs only."""
+MAX_MAGNITUDE = 1e30
+"""Largest mean and root mean square any observation sums may show, component by component.
+
+Far above any env's observations, and what keeps every normaliser usable: sums within it have
+|mean| <= MAX_MAGNITUDE and variance <= MAX_MAGNITUDE**2, and so do sums of any number of
+them (Cauchy-Schwarz adds up), so the float32 mean and std stay finite and the float64 totals
+stay finite until the count passes 1e248. One sums that stay within it cannot overflow a run's."""
+ROUNDING = 1e-6
+"""Relative room for rounding in the bounds above: sums of up to ~1e9 additions of results at
+the bound still pass, while no result can get past it by more than a millionth."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,21 @@ class ObservationStats:
             raise ValueError("observation sums must be finite")
         if np.any(self.squares < 0):
             raise ValueError("observation sums of squares must be >= 0")
+        # Written so that NaN cannot pass: each comparison is False for NaN.
+        limit = self.count * MAX_MAGNITUDE * (1 + ROUNDING)
+        largest = float(np.max(np.abs(self.total), initial=0.0))
+        if not largest <= limit:
+            raise ValueError(
+                f"observation sums of {self.count:g} observations have a component of mean "
+                f"{largest / max(self.count, INITIAL_COUNT):.3g}, beyond +-{MAX_MAGNITUDE:g}"
+            )
+        largest = float(np.max(self.squares, initial=0.0))
+        if not largest <= limit * MAX_MAGNITUDE:
+            raise ValueError(
+                f"observation sums of {self.count:g} observations have a component of mean "
+                f"square {largest / max(self.count, INITIAL_COUNT):.3g}, beyond "
+                f"{MAX_MAGNITUDE:g}**2"
+            )
 
     @classmethod
     def zeros(cls, size: int) -> ObservationStats:
@@ -89,11 +114,19 @@ class ObservationStats:
         )
 
     def normaliser(self) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, std) as float32: observations are fed as clip((x - mean) / std, +-CLIP)."""
+        """(mean, std) as float32: observations are fed as clip((x - mean) / std, +-CLIP).
+
+        Finite, with std >= STD_FLOOR, for any sums (MAX_MAGNITUDE); ValueError if not, which
+        would be a bug here, never something a worker sent.
+        """
         count = max(self.count, INITIAL_COUNT)
         mean = self.total / count
         variance = np.maximum(self.squares / count - np.square(mean), STD_FLOOR**2)
-        return mean.astype(np.float32), np.sqrt(variance).astype(np.float32)
+        mean, std = mean.astype(np.float32), np.sqrt(variance).astype(np.float32)
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std)) and np.all(std > 0)):
+            raise ValueError(f"observation sums of {self.count:g} observations give no usable "
+                             "normaliser (mean or std not finite, or std not > 0)")  # fmt: skip
+        return mean, std
 
 
 def normalise(observations: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:

@@ -217,8 +217,16 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             parser.error(str(error))
     if args.prefetch < 0:
         parser.error(f"--prefetch must be >= 0, got {args.prefetch}")
-    if args.shared_cache_mb < 0:
-        parser.error(f"--shared-cache-mb must be >= 0, got {args.shared_cache_mb}")
+    for flag, dest in (("--decode-cache-mb", "decode_cache_mb"),
+                       ("--shared-cache-mb", "shared_cache_mb")):  # fmt: skip
+        # A cache can hold no more than the machine's memory: a larger bound is a typo (the
+        # default always passes, even on a machine smaller than it).
+        value, high = getattr(args, dest), max(_physical_memory_mb(), parser.get_default(dest))
+        if not 0 <= value <= high:
+            parser.error(f"{flag} must be in [0, {high}] (MB; this machine's memory), "
+                         f"got {value}")  # fmt: skip
+    if args.stats_file is not None:
+        _check_stats_file(parser, args.stats_file)
     if args.slots < 1:
         parser.error(f"--slots must be >= 1, got {args.slots}")
     if args.atari_engine not in ATARI_BACKENDS:
@@ -294,6 +302,31 @@ def pin_to_cpu(cpu: int) -> None:
     for tid in threads:
         with contextlib.suppress(ProcessLookupError):  # a thread that just ended
             os.sched_setaffinity(tid, {cpu})
+
+
+def _physical_memory_mb() -> int:
+    """This machine's memory in MB (2**20 bytes); 2**20 MB (1 TiB) where it cannot be read."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    except (ValueError, OSError, AttributeError):
+        return 2**20
+
+
+def _check_stats_file(parser: argparse.ArgumentParser, stats_file: str) -> None:
+    """Refuses a stats file the worker could not write, before it joins a master: the file is
+    replaced through a temp file beside it (WorkerClient.write_stats), so that is what is
+    tried here."""
+    path = Path(stats_file)
+    if not path.name or path.is_dir():
+        parser.error(f"--stats-file {stats_file}: is a directory, not a file")
+    probe = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(probe, "w"):
+            pass
+        probe.unlink()
+    except OSError as error:
+        parser.error(f"--stats-file {stats_file}: cannot write there: "
+                     f"{error.strerror or error}")  # fmt: skip
 
 
 def _read_token(parser: argparse.ArgumentParser, token_file: str | None) -> str | None:

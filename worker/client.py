@@ -228,6 +228,8 @@ class WorkerClient:
         self._shared = _Shared()
         self._unsupported_envs: dict[str, None] = {}
         """Env ids that failed to build here, oldest first (a dict: an ordered set)."""
+        self._stats_failing = False
+        """The last stats write failed (its warning is given): the next failure is quiet."""
 
     def __repr__(self) -> str:
         return f"WorkerClient({self.worker_id!r} -> {self.address}, {self.counters})"
@@ -488,12 +490,23 @@ class WorkerClient:
                 "allocator": this_process_allocator(),
                 **self.counters.__dict__, **self.timers.as_dict()}  # fmt: skip
 
-    def write_stats(self) -> None:
-        """Replaces the stats file atomically, so a reader never sees half of it."""
+    def write_stats(self) -> bool:
+        """Replaces the stats file atomically, so a reader never sees half of it; False (and a
+        warning) if the disk refuses: the stats are a report, never a reason to stop working."""
         path = Path(self.stats_path)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.stats(), indent=2))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(self.stats(), indent=2))
+            os.replace(tmp, path)
+        except OSError as error:
+            # Once per outage, not every 5 s while a disk stays full.
+            report = log.debug if self._stats_failing else log.warning
+            report("worker %s: cannot write stats file %s: %s", self.worker_id, path,
+                   error.strerror or error)  # fmt: skip
+            self._stats_failing = True
+            return False
+        self._stats_failing = False
+        return True
 
     def _fail(self, reason: str) -> None:
         with self._wake:

@@ -6,6 +6,8 @@ the worker reports it with an error naming the value and takes the next one.
 
 from __future__ import annotations
 
+import math
+
 from neuro.envs.behaviour import MAX_BEHAVIOUR_SIZE
 from neuro.inference import ARCHITECTURES, INFERENCE_DTYPES, check_combination
 from neuro.layout import (
@@ -26,6 +28,7 @@ __all__ = [
     "MAX_HIDDEN_WIDTH",
     "MAX_PARAMS",
     "MAX_SEEDS",
+    "PERTURBATION_SIGNS",
     "check_spec",
     "minimum_parameter_count",
 ]
@@ -42,11 +45,24 @@ MAX_ENV_ID_LENGTH = 256
 """As long as the master's own id limit."""
 MAX_HIDDEN_LAYERS = 64
 MAX_HIDDEN_WIDTH = 2**16
+PERTURBATION_SIGNS = (-1, 0, 1)
+"""What an ES task's sign may be: the master asks for theta + sigma * eps, theta - sigma * eps
+and theta itself (master/fleet/tasks.py); any other sign is a step no ES update takes."""
 
 
 def _check_range(name: str, value: int, low: int, high: int) -> None:
     if not low <= value <= high:
         raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+
+
+def _check_perturbation(version: int, noise_index: int, sign: int, sigma: float) -> None:
+    """An ES step the master can have asked for: a sign of -1, 0 or 1 and a finite sigma > 0
+    (the master's ES refuses any other sigma); anything else would score parameters no update
+    uses, or NaN ones."""
+    if sign not in PERTURBATION_SIGNS:
+        raise ValueError(f"ES perturbation sign must be -1, 0 or 1, got {sign}")
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"ES perturbation sigma must be finite and > 0, got {sigma:g}")
 
 
 def minimum_parameter_count(architecture: str, hidden_sizes: tuple[int, ...]) -> int:
@@ -70,6 +86,8 @@ def check_spec(spec: EvaluationSpec) -> EvaluationSpec:
         _check_range("hidden layer width", width, 1, MAX_HIDDEN_WIDTH)
     _check_range("behaviour size", spec.behaviour_size, 0, MAX_BEHAVIOUR_SIZE)
     _check_range("observation size", spec.observation_size, 0, MAX_OBSERVATION_SIZE)
+    if spec.perturbation is not None:
+        _check_perturbation(*spec.perturbation)
     if spec.inference_dtype not in INFERENCE_DTYPES:
         raise ValueError(
             f"inference dtype {spec.inference_dtype!r} is not one of {', '.join(INFERENCE_DTYPES)}"

@@ -361,20 +361,16 @@ class EvolutionStrategy(Algorithm):
         behaviours: Behaviours | None = None,
         observation_stats: ObservationStats | None = None,
     ) -> ESSummary:
-        """Takes the returns of every asked key (NaN: failed), steps theta, starts the next."""
+        """Takes the returns of every asked key (NaN: failed), steps theta, starts the next.
+
+        ValueError, changing nothing, if the returns or the sums do not fit: everything is
+        checked (the next version's normaliser included) before any state changes.
+        """
         requests = self.ask()
         check_returns(requests, returns)
         state = self.state
-        observations = state.observations
-        if (
-            observation_stats is not None
-            and observations is not None
-            and (observation_stats.size != observations.size)
-        ):
-            raise ValueError(
-                f"observation sums of size {observation_stats.size}; this run's "
-                f"observations have {state.observations.size} values"
-            )
+        observations = self._next_observations(observation_stats)
+        normaliser = None if observations is None else observations.normaliser()
         scores = [float(returns[r.key][0]) for r in requests[:-1]]
         theta_returns = [float(x) for x in returns[requests[-1].key]]
         pairs = [(scores[2 * i], scores[2 * i + 1]) for i in range(len(state.noise_indices))]
@@ -407,15 +403,30 @@ class EvolutionStrategy(Algorithm):
         )
         state.elite_score = theta_score
         state.theta_rank = rank
-        if observation_stats is not None and state.observations is not None:
-            # The next version normalises with everything seen so far (OpenAI's ES).
-            state.observations = state.observations + observation_stats
-        if state.observations is not None:
-            summary = dataclasses.replace(summary, observation_count=state.observations.count)
+        state.observations = observations
+        if observations is not None:
+            summary = dataclasses.replace(summary, observation_count=observations.count)
         state.generation += 1
         state.noise_indices = self._draw_indices()
         state.rng_state = self._rng.bit_generator.state
+        if normaliser is not None:
+            self._normaliser = (state.generation, normaliser)
         return summary
+
+    def _next_observations(
+        self, observation_stats: ObservationStats | None
+    ) -> ObservationStats | None:
+        """The sums the next version normalises with (everything seen so far, as OpenAI's ES);
+        ValueError if this phase's do not fit the run's."""
+        observations = self.state.observations
+        if observation_stats is None or observations is None:
+            return observations
+        if observation_stats.size != observations.size:
+            raise ValueError(
+                f"observation sums of size {observation_stats.size}; this run's "
+                f"observations have {observations.size} values"
+            )
+        return observations + observation_stats
 
     def _adam_step(self, grad: np.ndarray) -> None:
         """Ascends grad - weight_decay * theta; new arrays, so earlier snapshots stay valid."""

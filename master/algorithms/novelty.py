@@ -20,6 +20,12 @@ ARCHIVE_STREAM = 0x6E6F76
 """Spawn key of the archive's random stream, so it never repeats the algorithm's own draws."""
 BLOCK = 1024
 """novelty() computes distances in tiles of at most BLOCK x BLOCK (8 MiB of float64)."""
+CANCELLED = 1e-6
+"""A squared distance from |a|^2 + |b|^2 - 2ab under this fraction of |a|^2 + |b|^2 has lost
+most of its digits to cancellation (rows far from the centre, close to each other): it is taken
+again from the direct difference of the two rows."""
+EXACT_VALUES = 2**18
+"""Values (pairs x BC length) of direct differences taken at once: 2 MiB of float64."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,8 @@ def novelty(
     if not usable.any():
         return result
     # Distances are taken about a common centre: |a|^2 + |b|^2 - 2ab cancels less when the
-    # BCs sit far from the origin (RAM bytes do).
+    # BCs sit far from the origin (RAM bytes do). One extreme row drags the mean far from the
+    # others, and their distances would cancel to 0: those are taken again directly.
     centre = queries[usable].astype(np.float64).mean(axis=0)
     for start in range(0, n, block):
         rows = slice(start, min(start + block, n))
@@ -110,20 +117,31 @@ def _block_novelty(
     block: int,
 ) -> np.ndarray:
     """novelty() of at most `block` queries: the k smallest distances kept tile by tile."""
-    q = np.where(finite_rows(queries)[:, None], queries.astype(np.float64) - centre, 0.0)
+    rows = queries.astype(np.float64)
+    finite = finite_rows(rows)
+    q = np.where(finite[:, None], rows - centre, 0.0)
     q_norms = np.einsum("ij,ij->i", q, q)
     nearest = np.empty((len(q), 0))
     for start in range(0, len(reference), block):
-        tile = reference[start : start + block].astype(np.float64) - centre
+        tile_rows = reference[start : start + block].astype(np.float64)
+        tile = tile_rows - centre
         usable = finite_rows(tile)
         tile = np.where(usable[:, None], tile, 0.0)
+        t_norms = np.einsum("ij,ij->i", tile, tile)
         # In place, one (block, block) array: |q|^2 + |t|^2 - 2 q.t, clipped at 0, square-rooted.
         distances = q @ tile.T
         distances *= -2.0
         distances += q_norms[:, None]
-        distances += np.einsum("ij,ij->i", tile, tile)[None, :]
+        distances += t_norms[None, :]
+        # |q|^2 + |t|^2 <= 2 max(|q|^2, |t|^2): two bool tiles, no third float one.
+        cancelled = distances < (2 * CANCELLED) * q_norms[:, None]
+        cancelled |= distances < (2 * CANCELLED) * t_norms[None, :]
+        cancelled &= finite[:, None] & usable[None, :]
         np.maximum(distances, 0.0, out=distances)
         np.sqrt(distances, out=distances)
+        at = np.nonzero(cancelled)
+        if at[0].size:
+            distances[at] = _direct_distances(rows, tile_rows, *at)
         distances[:, ~usable] = np.inf
         own = np.flatnonzero((exclude >= start) & (exclude < start + len(tile)))
         distances[own, exclude[own] - start] = np.inf
@@ -135,6 +153,20 @@ def _block_novelty(
     counts = counted.sum(axis=1)
     sums = np.where(counted, nearest, 0.0).sum(axis=1)
     return np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
+
+
+def _direct_distances(
+    queries: np.ndarray, reference: np.ndarray, rows: np.ndarray, columns: np.ndarray
+) -> np.ndarray:
+    """|queries[rows[i]] - reference[columns[i]]| for each i, from the differences themselves
+    (float64 rows of float32 values: each difference is exact), EXACT_VALUES at a time."""
+    out = np.empty(len(rows))
+    step = max(1, EXACT_VALUES // max(queries.shape[1], 1))
+    for start in range(0, len(rows), step):
+        part = slice(start, start + step)
+        difference = queries[rows[part]] - reference[columns[part]]
+        out[part] = np.sqrt(np.einsum("ij,ij->i", difference, difference))
+    return out
 
 
 class NoveltyArchive:

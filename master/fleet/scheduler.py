@@ -148,6 +148,9 @@ class Fleet:
         self._table: LeaseTable | None = None
         self._interrupted: dict[str, tuple[tuple[float, ...], int]] = {}
         self._interrupted_extras: dict[str, TaskExtras] = {}
+        self._observations: ObservationStats | None = None
+        """The running phase's accepted observation sums so far, to refuse a result that would
+        take them past what a normaliser can use (the phase's own sum is made at its end)."""
         self._phase_done = asyncio.Event()
         self.roster = WorkerRoster()
         """Per-worker figures (contacts, work, rate) for Status and /metrics."""
@@ -175,9 +178,13 @@ class Fleet:
         tasks = split_into_tasks(requests, self.settings)
         table = LeaseTable(tasks, self.settings.lease_seconds, self.settings.max_attempts)
         extras = recorded_extras or {}
+        self._observations = None
         for task_id, (returns, frames) in (recorded or {}).items():
             if task_id in table:
-                table.complete_task(task_id, returns, frames, extras=extras.get(task_id))
+                extra = extras.get(task_id)
+                table.complete_task(task_id, returns, frames, extras=extra)
+                if extra is not None:
+                    self._observations = _plus(self._observations, extra.observations)
         self._phase_done.clear()
         self._table = table
         try:
@@ -246,13 +253,22 @@ class Fleet:
         if table is None:
             self._seen(worker_id)
             return [self._unknown(outcome.task_id) for outcome in outcomes]
-        for task_id, returns, _, error, *_ in outcomes:
+        trial = self._observations
+        for task_id, returns, _, error, _, sums in outcomes:
             expected = table.episodes_of(task_id)
             if not error and expected is not None and expected != len(returns):
                 raise ValueError(
                     f"task {task_id[:80]}: {len(returns)} episode_returns, "
                     f"the task has {expected} episodes"
                 )
+            if not error and expected is not None:
+                try:
+                    trial = _plus(trial, sums)
+                except ValueError as problem:
+                    raise ValueError(
+                        f"task {task_id[:80]}: its observation sums and the phase's do not add "
+                        f"up to usable ones ({problem})"
+                    ) from None
         self._seen(worker_id)  # after validation: a refused report changes nothing
         dispositions = []
         episodes_accepted = frames_accepted = 0
@@ -270,6 +286,7 @@ class Fleet:
                     if disposition is Disposition.ACCEPTED:
                         episodes_accepted += len(returns)
                         frames_accepted += frames
+                        self._observations = _plus(self._observations, observations)
                 if disposition is Disposition.STALE:
                     disposition = self._unknown(task_id)
                 dispositions.append(disposition)
@@ -387,6 +404,15 @@ class Fleet:
 
 def _nobody(task_id: str) -> None:
     return None
+
+
+def _plus(total: ObservationStats | None, more: ObservationStats | None) -> ObservationStats | None:
+    """total + more, either of which may be None; ValueError if the sum is no valid sums."""
+    if more is None:
+        return total
+    sums = more if total is None else total + more
+    sums.normaliser()  # raises if it would be of no use
+    return sums
 
 
 class _RateLimitedLog:

@@ -359,8 +359,17 @@ def _extras_problem(
             f"task {name}: {len(result.behaviours)} behaviour values, the run expects "
             f"{template.behaviour_size} per episode x {episodes} episodes"
         )
-    if expected and not np.all(np.isfinite(np.array(result.behaviours, dtype=np.float32))):
-        return f"task {name}: behaviour values must be finite"
+    if expected:
+        values = np.array(result.behaviours, dtype=np.float32)
+        if not np.all(np.isfinite(values)):
+            return f"task {name}: behaviour values must be finite"
+        bounds = template.behaviour_range
+        if bounds is not None and not np.all((values >= bounds[0]) & (values <= bounds[1])):
+            outside = values[(values < bounds[0]) | (values > bounds[1])][0]
+            return (
+                f"task {name}: behaviour value {float(outside)!r} is outside this env's "
+                f"[{bounds[0]:g}, {bounds[1]:g}]"
+            )
     has_sums = result.HasField("observation_sums")
     if not template.observation_size:
         return f"task {name}: observation sums in a run without normalisation" if has_sums else None
@@ -371,15 +380,31 @@ def _extras_problem(
             f"task {name}: the run needs observation sums of {size} values, got "
             f"{len(sums.sum)} and {len(sums.sum_of_squares)}"
         )
+    count = sums.count
     # One observation per agent step and reset: at most frames + episodes of them.
-    if not (math.isfinite(sums.count) and 1 <= sums.count <= result.frames + episodes):
-        return f"task {name}: observation count {sums.count} is not in [1, frames + episodes]"
+    if not (math.isfinite(count) and 1 <= count <= result.frames + episodes):
+        return f"task {name}: observation count {count} is not in [1, frames + episodes]"
+    # Frames are the worker's word; the step limit is the master's own (the run's cap or the
+    # env's time limit), so no result weighs more than its episodes could.
+    most = template.observation_count_limit * episodes
+    if most and count > most:
+        return (
+            f"task {name}: observation count {count} is more than {episodes} episode(s) of at "
+            f"most {template.observation_count_limit} observations have"
+        )
     total, squares = np.array(sums.sum), np.array(sums.sum_of_squares)
     if not (np.all(np.isfinite(total)) and np.all(np.isfinite(squares)) and np.all(squares >= 0)):
         return f"task {name}: observation sums must be finite, sums of squares >= 0"
     # Cauchy-Schwarz: sum^2 <= count * sum of squares for any real observations.
-    if np.any(np.square(total) > sums.count * squares * (1 + 1e-9) + 1e-9):
+    with np.errstate(over="ignore"):  # a square past float64 is inf, which is refused too
+        impossible = np.any(np.square(total) > count * squares * (1 + 1e-9) + 1e-9)
+    if impossible:
         return f"task {name}: observation sums no set of observations could have"
+    try:
+        # The magnitudes every normaliser stays finite within, whatever sums join these.
+        ObservationStats(count, total, squares)
+    except ValueError as error:
+        return f"task {name}: {error}"
     return None
 
 

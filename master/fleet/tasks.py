@@ -16,6 +16,7 @@ from master.algorithms import registry
 from master.algorithms.base import Parameters, Perturbation
 from master.config import RunConfig
 from master.fleet.leases import PhaseTask
+from neuro.envs.behaviour import behaviour_range
 from neuro.v1 import evolution_pb2 as pb
 
 
@@ -63,6 +64,12 @@ class TaskTemplate:
     observation_size: int = 0
     """ES with observation normalisation: the size of the observation sums each task reports
     (and of the mean and std that follow theta in a version's bytes)."""
+    observation_count_limit: int = 0
+    """Most observations one episode can feed the policy (its step limit, + 1 for the reset),
+    by the master's own settings: what one result's sums may count per episode. 0: no limit
+    is known (an env with no time limit, in a run with no --max-episode-steps)."""
+    behaviour_range: tuple[float, float] | None = None
+    """(low, high) every behaviour value lies in, where the env's BC rule says (Atari RAM)."""
 
     @functools.cached_property
     def _prototype(self) -> pb.Task:
@@ -129,4 +136,38 @@ def task_template(
         parameters=parameters,
         behaviour_size=behaviour_size,
         observation_size=0 if norm is None else int(norm[0].size),
+        observation_count_limit=0 if norm is None else _observations_per_episode(config),
+        behaviour_range=behaviour_range(config.atari) if behaviour_size else None,
     )
+
+
+def episode_step_limit(config: RunConfig) -> int:
+    """Most agent steps an episode of the run lasts: the run's --max-episode-steps or the env's
+    time limit, the smaller where both are set; 0 where neither is."""
+    limits = [config.max_episode_steps] if config.max_episode_steps > 0 else []
+    registered = env_step_limit(config.env_id)
+    if registered:
+        limits.append(registered)
+    return min(limits, default=0)
+
+
+def env_step_limit(env_id: str) -> int:
+    """The time limit gymnasium registers for a (non-Atari) env id, which workers' envs keep
+    (neuro.envs.make builds them with gym.make); 0 if it has none or the id is not known."""
+    import gymnasium as gym
+
+    from neuro.envs import register_envs
+
+    register_envs(env_id)  # neuro's toy tasks, the maze
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error:
+        return 0
+    return int(spec.max_episode_steps or 0)
+
+
+def _observations_per_episode(config: RunConfig) -> int:
+    # At most one observation per step and one for the reset, as the frames + episodes bound
+    # at the edge counts them.
+    steps = episode_step_limit(config)
+    return steps + 1 if steps else 0

@@ -4,10 +4,14 @@ and genomes/ (each distinct elite once, named by the sha256 its metrics lines ca
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
+import logging
 import math
 import os
+import socket
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -26,6 +30,95 @@ from neuro.runfiles import (
     genome_file,
     seeds_sha256,
 )
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".master.lock"
+"""In the run dir while a master runs on it: that master holds an exclusive flock on it. The
+lock goes with the process however it ends, so a crashed master leaves a file but no lock."""
+_LOCK_UNSUPPORTED = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
+"""flock's answer on a filesystem that keeps no locks (some network filesystems)."""
+_LOCK_TRIES = 5
+"""Opens of the lock file before giving up on one another master keeps removing."""
+
+
+class RunDirInUse(Exception):
+    """Another master holds the run dir's lock; the message names the run dir and the holder."""
+
+
+@contextlib.contextmanager
+def run_dir_lock(path: str | os.PathLike) -> Iterator[Path]:
+    """Holds the run dir's exclusive lock for the block (creating the run dir if need be).
+
+    RunDirInUse if another master holds it: two masters on one run dir would interleave
+    metrics.jsonl and overwrite each other's checkpoints. Readers (plots, replay, the S3
+    mirror, `neuro-master status`) never take it. On leaving, the lock file goes, and so does
+    the run dir if this made it and nothing else was written there (a master refused later).
+    """
+    run_dir = Path(path)
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = run_dir / LOCK_FILE
+    fd, locked = _lock(run_dir, lock_path)
+    try:
+        yield run_dir
+    finally:
+        if locked:
+            # Removed while still held: a master that opened it meanwhile finds it gone
+            # once it has the lock, and opens the path again (see _lock).
+            lock_path.unlink(missing_ok=True)
+        os.close(fd)  # releases the lock
+        if created:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # only if empty
+
+
+def _lock(run_dir: Path, lock_path: Path) -> tuple[int, bool]:
+    """(fd, True) holding the lock; (fd, False) where the filesystem keeps no locks."""
+    for _ in range(_LOCK_TRIES):
+        # Not inherited by local workers (Python's default), so the lock ends with this process.
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise RunDirInUse(
+                f"run dir {run_dir} is in use by another master{holder}: stop it first, "
+                "or give this run another --run-dir"
+            ) from None
+        except OSError as error:
+            if error.errno not in _LOCK_UNSUPPORTED:
+                os.close(fd)
+                raise
+            log.warning("cannot lock run dir %s (%s): nothing stops a second master on it",
+                        run_dir, error.strerror)  # fmt: skip
+            return fd, False
+        try:
+            held, named = os.fstat(fd), os.stat(lock_path)
+            same = (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
+        except FileNotFoundError:
+            same = False
+        if same:
+            # Who holds it, for the message a second master prints.
+            note = f"pid {os.getpid()} on {socket.gethostname()}\n".encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, note, 0)
+            return fd, True
+        os.close(fd)  # the holder removed the file as it left: lock the path's new one
+    raise RunDirInUse(f"run dir {run_dir}: its lock file keeps changing; is another master "
+                      "starting and stopping there?")  # fmt: skip
+
+
+def _holder(fd: int) -> str:
+    """The holder's note, as " (pid N on HOST)", or "" if it cannot be read."""
+    try:
+        text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    # Printed on a terminal: nothing a terminal would act on.
+    text = "".join(c for c in text if c.isprintable())
+    return f" ({text})" if text else ""
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

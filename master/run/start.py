@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import functools
 import logging
+import math
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,6 +96,13 @@ class RunOptions:
     metrics_port: int | None = None
     """Set: Prometheus /metrics is served on metrics_host:metrics_port."""
 
+    def __post_init__(self) -> None:
+        # 0 or less: a checkpoint-and-fsync (or sync) busy loop; NaN: never.
+        for name in ("checkpoint_seconds", "s3_sync_seconds"):
+            value = getattr(self, name)
+            if not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value}")
+
 
 async def start_master(
     config: RunConfig,
@@ -108,18 +118,24 @@ async def start_master(
 ) -> Master:
     """Binds the server (port 0 picks a free one) and prepares the trainer; does not train.
 
-    `options` are gRPC channel arguments for the server (e.g. ("grpc.so_reuseport", 0)).
+    `options` are gRPC channel arguments for the server (e.g. ("grpc.max_concurrent_streams", 8)).
     `resume` is a checkpoint payload (see resume_config): the run continues where it stopped.
     `token`: every call but the health check must carry it (master.fleet.auth). `tls`: (certificate
     chain, private key) PEM; the port then speaks only TLS.
     """
+    if port != 0 and _in_use(host, port):
+        # Before the trainer: a second master on a busy port leaves its run dir as it was.
+        raise OSError(f"could not listen on {host}:{port}: {_IN_USE}")
     trainer, parameters = _build_trainer(config, run_dir, out, resume, checkpoint_seconds)
     interceptors = [TokenInterceptor(token)] if token is not None else None
-    # An explicit cap (gRPC's default): a bigger message gets RESOURCE_EXHAUSTED.
+    # An explicit cap (gRPC's default): a bigger message gets RESOURCE_EXHAUSTED. No
+    # SO_REUSEPORT (gRPC sets it by default): a second master on this port must fail to bind,
+    # not share the port and answer half of this run's workers with its own.
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES), *options],
+        options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                 ("grpc.so_reuseport", 0), *options],
         interceptors=interceptors,
-    )
+    )  # fmt: skip
     # Not the generated add_EvolutionServicer_to_server: unparsable bytes get INVALID_ARGUMENT.
     template = task_template(config, parameters, trainer.fleet.settings.behaviour_size)
     service = EvolutionService(trainer.fleet, template, trainer.snapshot)
@@ -191,16 +207,54 @@ def _observers(config: RunConfig, directory: RunDirectory, out: TextIO | None) -
 
 
 def _bind(server: grpc.aio.Server, host: str, port: int, tls: tuple[bytes, bytes] | None) -> int:
-    """Adds the listening port (TLS-only when `tls` is set); the port bound, or OSError."""
-    if tls is not None:
-        certificate, key = tls
-        credentials = grpc.ssl_server_credentials([(key, certificate)])
-        bound = server.add_secure_port(f"{host}:{port}", credentials)
-    else:
-        bound = server.add_insecure_port(f"{host}:{port}")
+    """Adds the listening port (TLS-only when `tls` is set); the port bound, or OSError saying
+    why not (an address in use: another master, or another program, listens there)."""
+    address = f"{host}:{port}"
+    try:
+        if tls is not None:
+            certificate, key = tls
+            credentials = grpc.ssl_server_credentials([(key, certificate)])
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
+    except RuntimeError:  # gRPC's "Failed to bind", which does not say why
+        bound = 0
     if bound == 0:
-        raise OSError(f"could not listen on {host}:{port}")
+        error = _bind_error(host, port)
+        why = _IN_USE if error is not None and error.errno == errno.EADDRINUSE else (
+            (error.strerror or str(error)) if error is not None else "gRPC refused the address"
+        )  # fmt: skip
+        raise OSError(f"could not listen on {address}: {why}")
     return bound
+
+
+_IN_USE = ("address already in use: another master (or another program) listens there; stop "
+           "it or give another --port")  # fmt: skip
+
+
+def _in_use(host: str, port: int) -> bool:
+    """Whether another socket listens on host:port (the common case of a failing bind, found
+    before the trainer is built: an ES run's noise table may take minutes)."""
+    error = _bind_error(host, port)
+    return error is not None and error.errno == errno.EADDRINUSE
+
+
+def _bind_error(host: str, port: int) -> OSError | None:
+    """The error binding host:port with a plain socket gives (gRPC's does not say), or None."""
+    try:
+        addresses = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)  # fmt: skip
+    except OSError as error:
+        return error
+    for family, kind, proto, _, sockaddr in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            # As gRPC binds: SO_REUSEADDR, so connections in TIME_WAIT are no obstacle.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as error:
+                return error
+    return None
 
 
 @dataclass

@@ -8,6 +8,10 @@ first task (`behaviour_size`), and workers take each episode's BC by the same ru
 - an env whose class declares `behaviour_size` puts the BC in `info["bc"]` at every step (e.g.
   neuro/DeceptiveMaze-v0: the robot's (x, y)); the last step's counts;
 - any other env: its final observation, flattened.
+
+Where the rule bounds a BC's values (`behaviour_range`: Atari RAM is 0-255), the master refuses
+a reported BC outside them; elsewhere only finiteness is checked, and the novelty measure
+(master.algorithms.novelty) keeps one extreme BC from masking the others.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import gymnasium as gym
 import numpy as np
 
 ATARI_RAM_SIZE = 128
+ATARI_RAM_RANGE = (0.0, 255.0)
+"""A RAM byte's values: every Atari BC lies in it, and the master refuses one that does not."""
 MAX_BEHAVIOUR_SIZE = 4096
 """Largest BC a run may use: a master's task naming more is refused by workers, and a BC this
 size keeps an archive of 10,000 within 160 MiB."""
@@ -40,6 +46,11 @@ def behaviour_size(env: gym.Env, atari: bool) -> int:
     if not 1 <= size <= MAX_BEHAVIOUR_SIZE:
         raise ValueError(f"behaviour size must be in [1, {MAX_BEHAVIOUR_SIZE}], got {size}")
     return size
+
+
+def behaviour_range(atari: bool) -> tuple[float, float] | None:
+    """(low, high) every value of such an env's BCs lies in; None where no bound is known."""
+    return ATARI_RAM_RANGE if atari else None
 
 
 def behaviour_of(env: gym.Env, atari: bool, observation: Any, info: dict[str, Any]) -> np.ndarray:

@@ -2,7 +2,8 @@
 schemas, and keeps the properties README "Run on Kubernetes" promises: the token only as a
 mounted file, a NetworkPolicy that admits only workers to the master's gRPC port, non-root
 read-only containers with no capabilities, requests and limits everywhere, gRPC probes, a
-worker grace period long enough to hand tasks back, and spot placement for workers only.
+worker grace period long enough to hand tasks back, spot placement for workers only, and a
+noise-table cache on a volume that holds it without the pod being evicted.
 
 kubectl comes from $KUBECTL, PATH or .venv-k8s (`make k8s-tools`); this file installs nothing.
 Without it the tests skip, except under CI=true, where they fail. The checkov scan of the same
@@ -13,15 +14,17 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shutil
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
 
+from neuro.noise import MAX_CACHE_BYTES, NoiseTableSpec
 from tests.support.processes import REPO
 
 K8S = REPO / "deploy" / "k8s"
@@ -367,3 +370,100 @@ def test_no_token_is_generated_from_a_file_in_the_tree():
     for kustomization in K8S.rglob("kustomization.yaml"):
         config = yaml.safe_load(kustomization.read_text())
         assert "secretGenerator" not in config, kustomization
+
+
+# -- where the noise table is built ----------------------------------------------------------
+# An ES-family master (es, ns-es, nsr-es) and every worker build the paper's 1 GB Atari noise
+# table on first use, in NEURO_CACHE_DIR (else ~/.cache/neuro). A cache on an emptyDir smaller
+# than the table, or emptyDirs that push a pod past its ephemeral-storage limit, get the pod
+# evicted by the kubelet, and its StatefulSet or Deployment restarts it into the same eviction.
+
+TABLE_BYTES = NoiseTableSpec().nbytes
+"""The paper's Atari noise table, the largest a preset builds."""
+UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+         "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
+
+
+def quantity(text: str | int) -> int:
+    """Bytes of a Kubernetes quantity such as 512Mi or 10Gi."""
+    match = re.fullmatch(r"(\d+)([kMGT]i?)?", str(text))
+    assert match, f"unexpected quantity {text!r}"
+    return int(match.group(1)) * UNITS[match.group(2) or ""]
+
+
+def cache_dir(container: dict[str, Any]) -> PurePosixPath:
+    """Where neuro.noise.default_cache_dir() puts the table in this container."""
+    env = _env(container)
+    if env.get("NEURO_CACHE_DIR"):
+        return PurePosixPath(env["NEURO_CACHE_DIR"])
+    assert env.get("HOME"), "no HOME: the image's would be on the read-only root"
+    return PurePosixPath(env["HOME"]) / ".cache" / "neuro"
+
+
+def mount_of(container: dict[str, Any], path: PurePosixPath) -> dict[str, Any]:
+    """The volume mount that holds `path` (the deepest one)."""
+    holding = [m for m in container.get("volumeMounts", [])
+               if path == PurePosixPath(m["mountPath"])
+               or PurePosixPath(m["mountPath"]) in path.parents]  # fmt: skip
+    assert holding, f"{path} is on the read-only root filesystem"
+    return max(holding, key=lambda m: len(m["mountPath"]))
+
+
+def ephemeral_limit(pod: dict[str, Any]) -> int:
+    """The pod's ephemeral-storage limit: the sum of its containers' (each must set one)."""
+    limits = [c.get("resources", {}).get("limits", {}) for c in pod["containers"]]
+    assert all("ephemeral-storage" in limit for limit in limits), limits
+    return sum(quantity(limit["ephemeral-storage"]) for limit in limits)
+
+
+def disk_empty_dirs(pod: dict[str, Any]) -> dict[str, int]:
+    """Each disk-backed emptyDir's sizeLimit (memory-backed ones count as memory)."""
+    found = {}
+    for volume in pod.get("volumes", []):
+        empty = volume.get("emptyDir")
+        if empty is not None and empty.get("medium") != "Memory":
+            assert "sizeLimit" in empty, f"emptyDir {volume['name']} has no sizeLimit"
+            found[volume["name"]] = quantity(empty["sizeLimit"])
+    return found
+
+
+def where_the_table_goes(workload: dict[str, Any], name: str) -> tuple[str, int]:
+    """('the claim' or 'an emptyDir', bytes the table's volume holds) for container `name`."""
+    container = _container(workload, name)
+    mount = mount_of(container, cache_dir(container))
+    claims = {c["metadata"]["name"]: c for c in workload["spec"].get("volumeClaimTemplates", [])}
+    if mount["name"] in claims:
+        assert not mount.get("readOnly"), mount
+        return "the claim", quantity(
+            claims[mount["name"]]["spec"]["resources"]["requests"]["storage"]
+        )
+    volumes = disk_empty_dirs(_pod(workload))
+    assert mount["name"] in volumes, f"the cache is on {mount['name']}, neither claim nor emptyDir"
+    return "an emptyDir", volumes[mount["name"]]
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("role", ["master", "worker"])
+def test_the_noise_table_has_room_where_it_is_built(render, build: str, role: str) -> None:
+    docs = render(build)
+    workload = _master(docs) if role == "master" else _worker(docs)
+    kind, room = where_the_table_goes(workload, role)
+    where = f"{build}: the {role}'s noise table ({TABLE_BYTES} bytes) on {kind} of {room} bytes"
+    # The table, and its temp file while it is built (written beside it, then renamed).
+    assert room >= TABLE_BYTES + 2**20, where
+    if kind == "the claim":
+        # The claim also holds the run: the cache must leave it most of the volume.
+        assert room - MAX_CACHE_BYTES >= 4 * 2**30, where
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("role", ["master", "worker"])
+def test_full_emptydirs_stay_under_the_pods_ephemeral_storage_limit(
+    render, build: str, role: str
+) -> None:
+    """The kubelet evicts a pod whose emptyDirs and writable layers pass its limit: full ones
+    must fit, with room for logs and the writable layer."""
+    docs = render(build)
+    pod = _pod(_master(docs) if role == "master" else _worker(docs))
+    empty = sum(disk_empty_dirs(pod).values())
+    assert empty + 128 * 2**20 <= ephemeral_limit(pod), (build, role, disk_empty_dirs(pod))

@@ -1,7 +1,8 @@
 """deploy/slurm/ on a real one-node Slurm cluster (make slurm-up starts one if none answers).
 
-A run trains across the allocation's cores and ends cleanly; a run stopped mid-way (scancel
---signal=TERM, or the time-limit warning) and requeued resumes without losing a generation.
+A run trains across the allocation's cores and ends cleanly, over TLS unless NEURO_TLS=0; a
+run stopped mid-way (scancel --signal=TERM, or the time-limit warning) and requeued resumes
+without losing a generation.
 Under CI=true a cluster that cannot be started fails the tests; elsewhere they skip, saying why.
 """
 
@@ -75,8 +76,11 @@ def jobs() -> Iterator[list[str]]:
         subprocess.run(["scancel", job], capture_output=True)
 
 
-def _submit(run_dir: Path, ntasks: int, master_args: list[str], jobs: list[str]) -> str:
-    env = {**os.environ, "NEURO_VENV": sys.prefix, "OMP_NUM_THREADS": "1"}
+def _submit(run_dir: Path, ntasks: int, master_args: list[str], jobs: list[str],
+            **extra_env: str) -> str:  # fmt: skip
+    # The caller's NEURO_TLS never leaks in: a test says which transport it runs.
+    env = {k: v for k, v in os.environ.items() if k != "NEURO_TLS"}
+    env |= {"NEURO_VENV": sys.prefix, "OMP_NUM_THREADS": "1", **extra_env}
     done = subprocess.run([str(SUBMIT), str(run_dir), f"--ntasks={ntasks}", "--parsable",
                            "--", *master_args],
                           env=env, capture_output=True, text=True, check=True)  # fmt: skip
@@ -130,11 +134,13 @@ def _start_now(job: str) -> None:
     subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True)
 
 
-def test_run_trains_on_every_allocated_core(cluster: int, tmp_path: Path, jobs: list[str],
-                                            noise_cache: Path) -> None:  # fmt: skip
+@pytest.mark.parametrize("tls", [None, "0"], ids=["tls-by-default", "plaintext"])
+def test_run_trains_on_every_allocated_core(
+    cluster: int, tmp_path: Path, jobs: list[str], noise_cache: Path, tls: str | None
+) -> None:
     ntasks = min(cluster, 8)
     run_dir = tmp_path / "run"
-    job = _submit(run_dir, ntasks, TINY, jobs)
+    job = _submit(run_dir, ntasks, TINY, jobs, **({} if tls is None else {"NEURO_TLS": tls}))
     info = _wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, 240)
     log = _log(run_dir, job)
     assert info["JobState"] == "COMPLETED", log
@@ -142,13 +148,35 @@ def test_run_trains_on_every_allocated_core(cluster: int, tmp_path: Path, jobs: 
     assert _generations(run_dir) == [0, 1, 2]
     progress = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     assert progress and progress[-1]["workers"] == ntasks, log
+    # TLS unless told otherwise: the master served TLS only, and every worker joined over it.
+    transport = "plaintext" if tls == "0" else "TLS"
+    assert f"({transport}), {ntasks} workers" in log, log
     workers = sorted((run_dir / "slurm").glob(f"worker-{job}-*.log"))
     assert len(workers) == ntasks
     for path in workers:
-        assert "joining master" in path.read_text(), path.read_text()
+        assert f"({transport}, token, " in path.read_text(), path.read_text()
     token = run_dir / "slurm" / "token"
     assert stat.S_IMODE(token.stat().st_mode) == 0o600
     assert token.read_text().strip() not in log
+    # The certificate and its key served that start only.
+    assert not list((run_dir / "slurm").glob("tls-*")), sorted((run_dir / "slurm").iterdir())
+    assert "PRIVATE KEY" not in log
+
+
+def test_bad_tls_settings_are_refused(cluster: int, tmp_path: Path, jobs: list[str]) -> None:
+    env = {**os.environ, "NEURO_VENV": sys.prefix, "NEURO_TLS": "yes"}
+    done = subprocess.run([str(SUBMIT), str(tmp_path / "run"), "--parsable", "--", *TINY],
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    if done.stdout.strip():  # submitted after all: cancelled at the end
+        jobs.append(done.stdout.strip().split(";")[0])
+    assert done.returncode == 2 and not done.stdout, done.stdout
+    assert "NEURO_TLS must be 1 (TLS, the default) or 0 (plaintext), got 'yes'" in done.stderr
+    # The script makes the certificate: one given to the master is refused, by name.
+    run_dir = tmp_path / "given"
+    job = _submit(run_dir, 1, [*TINY, "--tls-cert", "c.pem"], jobs)
+    info = _wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 120)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0", info
+    assert "--tls-cert is set by the script (NEURO_TLS); leave it out" in _log(run_dir, job)
 
 
 def test_cancelled_job_resumes_when_requeued(cluster: int, tmp_path: Path, jobs: list[str],

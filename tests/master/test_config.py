@@ -2,12 +2,14 @@
 
 import dataclasses
 import json
+import math
+import re
 
 import pytest
 
 from master.algorithms import registry
 from master.algorithms.novelty import NoveltyConfig
-from master.cli import _resolve_config, build_parser
+from master.cli import _resolve_config, build_parser, main
 from master.config import RunConfig, inspect_env_id, preset
 
 
@@ -134,3 +136,124 @@ def test_local_workers_stay_on_the_cpu_path_unless_one_float32_worker_can_batch(
     args = local_worker_args(worker_arg, count, dtype, architecture)
     argv = ["--master", "127.0.0.1:1", *args]
     assert worker_parser().parse_args(argv).device == device
+
+
+# Each refused at parse time (exit 2), naming the flag and the value, before any run dir exists.
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lease-seconds", "0"], "--lease-seconds: lease_seconds must be a positive, finite"),
+        (["--lease-seconds", "-1"], "lease_seconds must be a positive, finite .* got -1.0"),
+        (["--lease-seconds", "nan"], "lease_seconds must be a positive, finite .* got nan"),
+        (["--lease-seconds", "inf"], "lease_seconds must be a positive, finite .* got inf"),
+        (["--max-task-attempts", "0"], "--max-task-attempts: max_task_attempts must be an "
+                                       "integer >= 1, got 0"),
+        (["--target-score", "nan"], "--target-score: target_score must be a finite number "
+                                    r"\(--no-target sets no target\), got nan"),
+        (["--target-score", "inf"], "target_score must be a finite number .* got inf"),
+        (["--target-score=-inf"], "target_score must be a finite number .* got -inf"),
+        (["--noise-table-seed", "-1"], r"--noise-table-seed: noise_table_seed must be in "
+                                       r"\[0, 4294967295\], got -1"),
+        (["--noise-table-seed", str(2**32)], "noise_table_seed must be in .* got 4294967296"),
+        (["--noise-table-size", "0"], r"--noise-table-size: noise_table_size must be in "
+                                      r"\[1, 268435456\], got 0"),
+        (["--noise-table-size", str(2**28 + 1)], "noise_table_size must be in .* got 268435457"),
+        (["--noise-table-size", "100"], r"noise_table_size 100 is smaller than the network: "
+                                        r"mlp \[64, 64\] has at least 4353 parameters"),
+        (["--max-episode-steps", str(2**32)], "max_episode_steps must be in .* got 4294967296"),
+        (["--checkpoint-seconds", "0"], "--checkpoint-seconds: must be a finite number of "
+                                        "seconds > 0, got '0'"),
+        (["--checkpoint-seconds", "-1"], "must be a finite number of seconds > 0, got '-1'"),
+        (["--checkpoint-seconds", "nan"], "must be a finite number of seconds > 0, got 'nan'"),
+        (["--port", "70000"], "--port: must be a port in 0-65535 .* got '70000'"),
+        (["--algo", "es", "--pairs", "100000000"], r"2 x pairs \(100000000\) \+ eval_episodes "
+                                                   r"\(30\) = 200000030 evaluations is more "
+                                                   r"than the master holds at once \(250000"),
+        (["--population", "1000000"], r"population_size \(1000000\) .* more than the master"),
+    ],
+)  # fmt: skip
+def test_out_of_bounds_master_flags_are_refused_at_parse_time(tmp_path, capsys, flags, message):
+    run_dir = tmp_path / "run"
+    parser = build_parser()
+    with pytest.raises(SystemExit) as exit_info:
+        args = parser.parse_args(["--env", "CartPole-v1", *flags])
+        _resolve_config(parser, args, run_dir)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+    assert not run_dir.exists()
+
+
+def test_a_refused_flag_leaves_no_run_dir_behind(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--env", "CartPole-v1", "--run-dir", str(run_dir), "--port", "0", "--quiet",
+              "--max-task-attempts", "0"])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "max_task_attempts must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"lease_seconds": 0.0}, "lease_seconds must be a positive, finite number of seconds"),
+        ({"lease_seconds": math.inf}, "lease_seconds must be a positive, finite .* got inf"),
+        ({"max_task_attempts": 0}, "max_task_attempts must be an integer >= 1, got 0"),
+        ({"target_score": math.nan}, "target_score must be a finite number"),
+        ({"noise_table_seed": -1}, r"noise_table_seed must be in \[0, 4294967295\], got -1"),
+        ({"noise_table_size": 0}, r"noise_table_size must be in \[1, 268435456\], got 0"),
+        ({"episodes_per_task": 2**32}, "episodes_per_task must be in .* got 4294967296"),
+        ({"hidden_sizes": (2**16, 2**16)}, "more than the limit of 134217728"),
+    ],
+)
+def test_run_config_holds_its_settings_to_the_same_bounds(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        preset(inspect_env_id("CartPole-v1"), **overrides)
+    config = preset(inspect_env_id("CartPole-v1"))
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(config, **overrides)
+
+
+def test_run_options_refuse_a_checkpoint_interval_that_would_spin_or_never_fire():
+    from master.run.start import RunOptions
+
+    for seconds in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="checkpoint_seconds must be a finite number of "):
+            RunOptions(checkpoint_seconds=seconds)
+    assert RunOptions(checkpoint_seconds=0.5).checkpoint_seconds == 0.5
+
+
+# What a master that did not check these values wrote into its checkpoint.
+@pytest.mark.parametrize(
+    ("algorithm", "section", "name", "value", "message"),
+    [
+        ("ga", None, "lease_seconds", 0.0, "lease_seconds must be a positive, finite"),
+        ("ga", None, "max_task_attempts", 0, "max_task_attempts must be an integer >= 1"),
+        ("ga", None, "noise_table_size", 0, r"noise_table_size must be in \[1, 268435456\]"),
+        ("ga", None, "noise_table_seed", -1, r"noise_table_seed must be in \[0, 4294967295\]"),
+        ("es", "es", "pairs", 100_000_000, r"2 x pairs \(100000000\)"),
+    ],
+)
+def test_a_checkpoint_holding_an_out_of_bounds_setting_is_refused_on_resume(
+    tmp_path, capsys, algorithm, section, name, value, message
+):
+    from master.run.checkpoint import save_checkpoint
+
+    config = preset(inspect_env_id("CartPole-v1"), algorithm=algorithm).to_dict()
+    (config[section] if section else config)[name] = value
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    payload = {"config": config, "algorithm": {"name": algorithm, "state": {"generation": 3}}}
+    save_checkpoint(run_dir, payload)
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
+    parser = build_parser()
+    args = parser.parse_args(["--env", "CartPole-v1"])
+    with pytest.raises(SystemExit) as exit_info:
+        _resolve_config(parser, args, run_dir)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{run_dir} holds a checkpoint whose settings cannot run (" in err
+    assert re.search(message, err) and "it cannot be resumed" in err, err
+    assert "Traceback" not in err
+    assert {path.name: path.read_bytes() for path in run_dir.iterdir()} == before

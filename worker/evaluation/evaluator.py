@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -196,6 +197,14 @@ class Evaluator:
         """(mean, std) the policy normalises observations with under `spec`; None: none."""
         if not spec.observation_size:
             return None
+        # Checked before the episode: a normaliser of another size would fail mid-episode as a
+        # broadcast error, and the observation sums reported would be of the wrong size.
+        expected = math.prod(network.observation_shape)
+        if spec.observation_size != expected:
+            raise ValueError(
+                f"observation_size {spec.observation_size} does not match {spec.env_id}, whose "
+                f"observations have {expected} values (shape {network.observation_shape})"
+            )
         if spec.parameters_file is not None:
             stored = load_parameters_file(spec.parameters_file, spec.parameters_sha256)
         elif spec.perturbation is not None:
@@ -210,9 +219,11 @@ class Evaluator:
         return mean, std
 
     def load(self, spec: EvaluationSpec, policy: Policy) -> None:
-        """Loads the parameters (and observation normaliser) `spec` names into `policy`."""
+        """Loads the parameters (and observation normaliser) `spec` names into `policy`; a
+        spec refused here (ValueError) leaves the policy as it was."""
+        norm = self.observation_norm(spec, policy.spec)
         policy.load_parameters(self.parameters(spec, policy.spec))
-        policy.observation_norm = self.observation_norm(spec, policy.spec)
+        policy.observation_norm = norm
 
     def evaluate(self, spec: EvaluationSpec) -> Evaluation:
         """Plays spec.episodes episodes; the first reset is seeded with spec.env_seed."""

@@ -63,7 +63,11 @@ class SlotRunner(TaskRunner):
         spares = self._spare_policies[spec.network_key]
         policy = spares.pop() if spares else self.evaluator.build_policy(spec, handle)
         started = time.perf_counter()
-        self.evaluator.load(spec, policy)
+        try:
+            self.evaluator.load(spec, policy)
+        except BaseException:
+            spares.append(policy)  # a refused task leaves the policy for the next one
+            raise
         self.timers.decode_s += time.perf_counter() - started
         self._loaded[spec.genome_key] = _LoadedPolicy(policy, 1)
         return policy

@@ -140,7 +140,7 @@ def task_results(draw, run_id: str, known: list[str], wrong: bool) -> pb.TaskRes
             frames = [*frames, 10]
         else:
             total = draw(st.integers(0, UINT64_MAX).filter(lambda v: v != total))
-    return pb.TaskResult(
+    message = pb.TaskResult(
         task_id=task,
         run_id=draw(st.sampled_from([run_id, run_id, run_id, "", "another-run"])),
         episode_returns=returns,
@@ -148,6 +148,19 @@ def task_results(draw, run_id: str, known: list[str], wrong: bool) -> pb.TaskRes
         frames=min(total, UINT64_MAX),
         error=draw(st.sampled_from(["", "", "", "", "env failed", "\u00e9\x00" * 50])),
     )
+    if wrong and draw(st.integers(0, 3)) == 0:
+        # What novelty search and normalised ES send, in a run that asks for neither: the
+        # statistics and behaviour attacks' values included.
+        values = st.sampled_from([0.0, 255.0, 256.0, 1e12, 1e30, 1.7e308, -1e45])
+        if draw(st.booleans()):
+            message.behaviours.extend(draw(st.lists(values, min_size=1, max_size=8)))
+        else:
+            message.observation_sums.CopyFrom(pb.ObservationSums(
+                count=draw(st.sampled_from([1.0, 4e9, 1e300])),
+                sum=draw(st.lists(values, max_size=4)),
+                sum_of_squares=draw(st.lists(values, max_size=4)),
+            ))  # fmt: skip
+    return message
 
 
 @st.composite
@@ -246,6 +259,10 @@ def result_problem(result: pb.TaskResult) -> list[str] | None:
         return [task_id[:80], f"episode_frames {max(frames)}"]
     if sum(frames) != result.frames:
         return [task_id[:80], f"frames {result.frames}"]
+    if result.behaviours:
+        return [task_id[:80], f"{len(result.behaviours)} behaviour values, the run expects 0"]
+    if result.HasField("observation_sums"):
+        return [task_id[:80], "observation sums in a run without normalisation"]
     return None
 
 

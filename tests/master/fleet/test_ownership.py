@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
 from master.algorithms.ga import EvaluationRequest, Genome
@@ -22,6 +23,7 @@ from master.fleet.leases import Disposition
 from master.fleet.roster import WorkerRoster
 from master.fleet.scheduler import Fleet, FleetSettings, PhaseOutcome, TaskOutcome
 from master.observe.status import format_status
+from neuro.observation_stats import ObservationStats
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
 from tests.support.harness import live_master
@@ -147,6 +149,36 @@ def test_forged_reports_over_grpc_are_not_accepted_and_never_scored(tmp_path: Pa
         assert record.generation_evaluations == POPULATION + 2 * 2
 
     with_master(scenario, tmp_path)
+
+
+def with_sums(task_id: str, count: float, squares: float = 0.0) -> TaskOutcome:
+    observations = ObservationStats(count, np.zeros(3), np.full(3, squares))
+    return TaskOutcome(task_id, (1.0,), 10, observations=observations)
+
+
+def test_observation_sums_count_only_from_the_holder_and_never_overflow_the_phase() -> None:
+    """Each count is finite; two of them are not. The second is refused whole, recording
+    nothing, instead of failing the phase's sum (and the master) when the phase ends."""
+
+    async def scenario(fleet: Fleet, clock: Clock) -> None:
+        tasks = fleet.lease("holder", 8)
+        assert fleet.report_many("intruder", [with_sums(tasks[0].task_id, 1e308)]) == [
+            Disposition.REJECTED
+        ]
+        assert fleet.report_many("holder", [with_sums(tasks[0].task_id, 1e308)]) == [ACCEPTED]
+        before = (fleet.counters(), fleet.frames_accepted, fleet.recorded())
+        overflow = [with_sums(tasks[2].task_id, 1.0), with_sums(tasks[1].task_id, 1e308)]
+        with pytest.raises(ValueError, match=f"task {tasks[1].task_id}: its observation sums"):
+            fleet.report_many("holder", overflow)
+        assert (fleet.counters(), fleet.frames_accepted, fleet.recorded()) == before
+        rest = [with_sums(t.task_id, 5.0, 10.0) for t in tasks[1:]]
+        assert fleet.report_many("holder", rest) == [ACCEPTED] * 3
+
+    outcome = run_phase(scenario)
+    assert outcome is not None and outcome.observations is not None
+    assert outcome.observations.count == 1e308 + 15.0
+    mean, std = outcome.observations.normaliser()
+    assert np.isfinite(mean).all() and np.isfinite(std).all()
 
 
 # -- 2. a failure counts once per lease, and only from its holder -----------------------------
