@@ -52,7 +52,12 @@ MAX_UNSUPPORTED_ENVS = 16
 """Env ids a lease request names as unbuildable here, the most recent ones."""
 MAX_TASK_ID_LENGTH = 256
 """The master's own limit on the task ids it accepts back (master.fleet.service)."""
-_DYNAMICS = {pb.ATARI_DYNAMICS_REGISTERED: "registered"}
+_DYNAMICS = {
+    # Unspecified: a non-Atari task, or a master from before the field (the paper's protocol).
+    pb.ATARI_DYNAMICS_UNSPECIFIED: "paper",
+    pb.ATARI_DYNAMICS_PAPER: "paper",
+    pb.ATARI_DYNAMICS_REGISTERED: "registered",
+}
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
               grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}  # fmt: skip
 
@@ -92,6 +97,16 @@ def _genome_key(task: pb.Task) -> Hashable:
     return key
 
 
+def _dynamics(value: int) -> str:
+    """The task's Atari dynamics; ValueError naming a value this worker does not know (a newer
+    master's protocol: playing another one would score the genome under other rules)."""
+    dynamics = _DYNAMICS.get(value)
+    if dynamics is None:
+        raise ValueError(f"atari dynamics {value} is not one this worker plays "
+                         f"({', '.join(map(str, sorted(_DYNAMICS)))})")  # fmt: skip
+    return dynamics
+
+
 def spec_from_task(task: pb.Task) -> EvaluationSpec:
     """Wire task -> plain evaluation spec; ValueError naming a value beyond this worker's limits."""
     genome = task.genome
@@ -104,7 +119,7 @@ def spec_from_task(task: pb.Task) -> EvaluationSpec:
         hidden_sizes=tuple(task.policy.hidden_sizes),
         # Empty: a master from before the field, whose workers all ran float32.
         inference_dtype=task.policy.inference_dtype or "float32",
-        atari_dynamics=_DYNAMICS.get(task.env.atari_dynamics, "paper"),
+        atari_dynamics=_dynamics(task.env.atari_dynamics),
         episodes=task.episodes,
         max_episode_steps=task.max_episode_steps,
         env_seed=task.env_seed,

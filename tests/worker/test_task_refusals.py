@@ -219,3 +219,23 @@ def test_a_stats_file_that_becomes_unwritable_mid_run_is_a_warning(
     assert client.write_stats() is False
     warnings = [r for r in caplog.records if "cannot write stats file" in r.getMessage()]
     assert len(warnings) == 1 and str(folder / "stats.json") in warnings[0].getMessage()
+
+
+# -- the Atari dynamics --------------------------------------------------------------------------
+
+
+def test_atari_dynamics_this_worker_does_not_know_are_refused_by_name() -> None:
+    """A newer master's protocol is refused, not played as the paper's: the genome would be
+    scored under other rules. The known values map as they always did."""
+    table = pb.NoiseTableSpec(size=2**23)
+    task = pb.Task(task_id="t", run_id="r", episodes=1,
+                   env=pb.EnvSpec(env_id="Frostbite-v4", atari_dynamics=7),
+                   policy=pb.PolicySpec(architecture="deepga"),
+                   genome=pb.Genome(seeds=[1], noise_table=table))  # fmt: skip
+    with pytest.raises(ValueError, match="atari dynamics 7 is not one this worker plays"):
+        spec_from_task(task)
+    expected = {pb.ATARI_DYNAMICS_UNSPECIFIED: "paper", pb.ATARI_DYNAMICS_PAPER: "paper",
+                pb.ATARI_DYNAMICS_REGISTERED: "registered"}  # fmt: skip
+    for value, dynamics in expected.items():
+        task.env.atari_dynamics = value
+        assert spec_from_task(task).atari_dynamics == dynamics
