@@ -1,5 +1,13 @@
 """Tasks of one evaluation phase and their leases: PENDING -> LEASED(worker, deadline) -> DONE.
 
+At the phase's end, once nothing is pending, an idle worker may lease a second copy of an
+in-flight task (a backup task, as MapReduce runs them against stragglers): the first valid
+result of either copy counts and the other is a duplicate. An evaluation is deterministic in
+its task (seeded no-ops, a deterministic emulator), so a copy is exactly redundant; for an env
+with randomness of its own both results are valid samples of the same evaluation, and the first
+to arrive is the one recorded. A worker known to be gone (its connection closed: see
+master.fleet.service's Attach) loses its leases at once instead of when they lapse.
+
 Pure bookkeeping: time comes in as an argument, nothing here blocks or talks to the network.
 """
 
@@ -9,7 +17,7 @@ import enum
 import heapq
 import itertools
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -33,6 +41,9 @@ MAX_ERRORS_KEPT = 5
 """Errors kept per task: enough to tell why it failed, whatever max_attempts is."""
 FRESH_LEASE_FRACTION = 0.9
 """A heartbeat extends a lease only once less than this fraction of it is left."""
+BACKUPS_PER_LEASE = 1
+"""Backup copies an idle worker is given per lease call: spread over the idle workers, each
+copy starts at once instead of waiting behind another on one worker."""
 
 
 class PhaseTask(NamedTuple):
@@ -57,6 +68,8 @@ class _Lease:
 class _Record:
     task: PhaseTask
     lease: _Lease | None = None
+    backup: _Lease | None = None
+    """A second copy, leased to an idle worker at the phase's end while `lease` runs."""
     returns: tuple[float, ...] | None = None
     frames: int = 0
     extras: object = None
@@ -82,6 +95,20 @@ class LeaseCounters:
     reissued: int
 
 
+@dataclass(frozen=True)
+class TailFigures:
+    """How a phase ended: its tail and the backup tasks run in it."""
+
+    last_fresh_lease: float | None
+    """When the last pending task was leased (clock time); the tail is from here to the end."""
+    backups: int
+    """Backup copies leased."""
+    backups_won: int
+    """Tasks whose recorded result came from the backup copy."""
+    workers_lost: int
+    """Workers known to be gone while holding leases, which were ended at once."""
+
+
 class LeaseTable:
     """The tasks of one phase. Every task ends DONE exactly once, whatever workers do.
 
@@ -89,7 +116,15 @@ class LeaseTable:
     returns, so a poisoned task cannot stall a generation.
     """
 
-    def __init__(self, tasks: Sequence[PhaseTask], lease_seconds: float, max_attempts: int) -> None:
+    def __init__(
+        self,
+        tasks: Sequence[PhaseTask],
+        lease_seconds: float,
+        max_attempts: int,
+        backups: bool = True,
+    ) -> None:
+        """`backups`: lease second copies of in-flight tasks to idle workers once nothing is
+        pending."""
         if lease_seconds <= 0 or not math.isfinite(lease_seconds):
             raise ValueError(f"lease_seconds must be a positive number, got {lease_seconds}")
         if max_attempts < 1:
@@ -109,8 +144,15 @@ class LeaseTable:
             self._pending.append((record.task.task_id, ticket))
         self._pending_count = len(self._pending)
         self._leased: set[str] = set()
-        self._held: dict[str, int] = {}
-        """Leased tasks per worker holding any."""
+        self._held: dict[str, set[str]] = {}
+        """The tasks each worker holding any holds a lease (or a backup lease) on."""
+        self.backups = backups
+        self._unbacked: OrderedDict[str, None] = OrderedDict()
+        """Leased tasks without a backup copy, longest leased first: the candidates for one."""
+        self.last_fresh_lease: float | None = None
+        self.backups_granted = 0
+        self.backups_won = 0
+        self.workers_lost = 0
         # (deadline, ticket, lease, task ids), one entry per grant or heartbeat: a lease call
         # looks at the earliest deadline only instead of scanning every leased task. Tasks whose
         # lease was since replaced or ended are skipped; each entry leaves once its deadline
@@ -134,6 +176,11 @@ class LeaseTable:
     def counters(self) -> LeaseCounters:
         return LeaseCounters(self._pending_count, len(self._leased), self._done, self.reissued)
 
+    @property
+    def tail(self) -> TailFigures:
+        return TailFigures(self.last_fresh_lease, self.backups_granted, self.backups_won,
+                           self.workers_lost)  # fmt: skip
+
     def lease(self, worker_id: str, max_tasks: int, now: float) -> list[PhaseTask]:
         """Hands out up to max_tasks pending tasks; lapsed leases are re-issued first."""
         self.expire(now)
@@ -153,12 +200,19 @@ class LeaseTable:
                     record.holders += (worker_id,)
                 granted.append(record)
         self._pending_count -= len(granted)
+        if granted:
+            self.last_fresh_lease = now
+        elif self.backups and not self._pending_count and not self._held.get(worker_id):
+            # Nothing left to hand out and this worker idles: a second copy of the longest
+            # running tasks, so that a dead or slow holder no longer decides when the phase ends.
+            wanted = min(max_tasks, BACKUPS_PER_LEASE)
+            return [record.task for record in self._grant_backups(worker_id, wanted, now)]
         self._grant(granted, worker_id, now)
         return [record.task for record in granted]
 
     def heartbeat(self, worker_id: str, task_ids: Iterable[str], now: float) -> list[str]:
         """Extends this worker's leases; returns the ids it should drop (done or not its own)."""
-        dropped, kept = [], []
+        dropped, kept, backups = [], [], []
         # A lease with most of its time left is not extended again: a worker heartbeating in a
         # tight loop would otherwise add a deadline entry per call.
         fresh = now + self.lease_seconds * FRESH_LEASE_FRACTION
@@ -169,6 +223,9 @@ class LeaseTable:
             elif record.lease is not None and record.lease.worker_id == worker_id:
                 if record.lease.deadline < fresh:
                     kept.append(record)
+            elif record.backup is not None and record.backup.worker_id == worker_id:
+                if record.backup.deadline < fresh:
+                    backups.append(record)
             elif record.lease is None and record.lapsed_from == worker_id:
                 # Its own lease lapsed and nobody took the task since, but the worker is still
                 # on it: take it back rather than run it twice.
@@ -179,21 +236,54 @@ class LeaseTable:
                 # by a heartbeat.
                 dropped.append(task_id)
         self._grant(kept, worker_id, now)
+        self._grant(backups, worker_id, now, backup=True)
         return dropped
+
+    def worker_gone(self, worker_id: str) -> int:
+        """Ends every lease of a worker known to be gone (its connection closed) as if each
+        had lapsed, and drops its backup copies; returns how many tasks it held.
+
+        Its tasks go to others at once; should it be alive after all, a heartbeat takes back
+        a task nobody took since, and a result of it still counts (it held the task)."""
+        held = sorted(self._held.get(worker_id, ()), reverse=True)
+        for task_id in held:
+            record = self._records[task_id]
+            if record.backup is not None and record.backup.worker_id == worker_id:
+                self._drop_backup(record)
+            elif (
+                record.lease is not None
+                and record.lease.worker_id == worker_id
+                and self._retry_or_give_up(record)
+            ):
+                record.lapsed_from = worker_id
+                self.reissued += 1
+        if held:
+            self.workers_lost += 1
+        return len(held)
 
     def release(self, worker_id: str, task_ids: Iterable[str]) -> int:
         """Returns this worker's unfinished tasks to the front of the queue, in order."""
-        released = []
+        released, count = [], 0
         for task_id in task_ids:
             record = self._records.get(task_id)
-            if record and record.lease is not None and record.lease.worker_id == worker_id:
+            if record is None or record.returns is not None:
+                continue
+            if record.backup is not None and record.backup.worker_id == worker_id:
+                self._drop_backup(record)
+            elif record.lease is not None and record.lease.worker_id == worker_id:
                 self._unlease(record)
-                # Handed back: it will not report the task, and whoever leases it next may.
-                record.holders = tuple(h for h in record.holders if h != worker_id)
-                released.append(record)
+                if record.backup is not None:
+                    self._promote_backup(record)  # the copy goes on; nothing to queue
+                else:
+                    released.append(record)
+            else:
+                continue
+            # Handed back: it will not report the task, and whoever leases it next may.
+            record.holders = tuple(h for h in record.holders if h != worker_id)
+            count += 1
         for record in reversed(released):
             self._enqueue_front(record)
-        return len(released)
+        return count
 
     def episodes_of(self, task_id: str) -> int | None:
         """How many episode returns a report of this task must carry (None: not ours)."""
@@ -225,6 +315,8 @@ class LeaseTable:
             raise ValueError(
                 f"task {task_id} has {record.task.episodes} episodes, got {len(returns)} returns"
             )
+        if record.backup is not None and record.backup.worker_id == worker_id:
+            self.backups_won += 1
         self._finish(record, tuple(map(float, returns)), frames)
         record.extras = extras
         return Disposition.ACCEPTED
@@ -241,11 +333,20 @@ class LeaseTable:
             return Disposition.STALE
         if record.returns is not None:
             return Disposition.DUPLICATE
-        if worker_id is not None and (record.lease is None or record.lease.worker_id != worker_id):
+        backup = record.backup is not None and record.backup.worker_id == worker_id
+        primary = record.lease is not None and record.lease.worker_id == worker_id
+        if worker_id is not None and not (primary or backup):
             return Disposition.STALE if worker_id in record.holders else Disposition.REJECTED
         if len(record.errors) < MAX_ERRORS_KEPT:
             record.errors.append(bounded_error(error))
-        self._retry_or_give_up(record)
+        if backup:
+            # The copy failed; the task goes on where it first ran, one attempt spent.
+            self._drop_backup(record)
+            record.attempts += 1
+            if record.attempts >= self.max_attempts:
+                self._finish(record, (math.nan,) * record.task.episodes, 0)
+        else:
+            self._retry_or_give_up(record)
         return Disposition.ACCEPTED
 
     def expire(self, now: float) -> int:
@@ -254,7 +355,12 @@ class LeaseTable:
         lapsed: set[str] = set()
         while deadlines and deadlines[0][0] <= now:
             _, _, lease, task_ids = heapq.heappop(deadlines)
-            lapsed.update(t for t in task_ids if self._records[t].lease is lease)
+            for task_id in task_ids:
+                record = self._records[task_id]
+                if record.lease is lease:
+                    lapsed.add(task_id)
+                elif record.backup is lease:
+                    self._drop_backup(record)  # the first copy still runs
         for task_id in sorted(lapsed, reverse=True):
             record = self._records[task_id]
             holder = record.lease.worker_id if record.lease is not None else None
@@ -266,6 +372,11 @@ class LeaseTable:
     def holder(self, task_id: str) -> str | None:
         record = self._records.get(task_id)
         return record.lease.worker_id if record and record.lease else None
+
+    def backup_holder(self, task_id: str) -> str | None:
+        """Who runs the task's backup copy, if one runs."""
+        record = self._records.get(task_id)
+        return record.backup.worker_id if record and record.backup else None
 
     def errors(self, task_id: str) -> list[str]:
         """The first MAX_ERRORS_KEPT errors reported for this task, each bounded."""
@@ -305,7 +416,8 @@ class LeaseTable:
         return sum(r.frames for r in self._records.values())
 
     def _retry_or_give_up(self, record: _Record) -> bool:
-        """Queues the task again (at the front: it is a straggler) unless out of attempts."""
+        """Queues the task again (at the front: it is a straggler) unless out of attempts; a
+        backup copy running takes over instead of a queued one."""
         record.attempts += 1
         if record.lease is not None:
             self._unlease(record)
@@ -314,10 +426,15 @@ class LeaseTable:
         if record.attempts >= self.max_attempts:
             self._finish(record, (math.nan,) * record.task.episodes, 0)
             return False
-        self._enqueue_front(record)
+        if record.backup is not None:
+            self._promote_backup(record)
+        else:
+            self._enqueue_front(record)
         return True
 
     def _finish(self, record: _Record, returns: tuple[float, ...], frames: int) -> None:
+        if record.backup is not None:
+            self._drop_backup(record)
         if record.lease is not None:
             self._unlease(record)
         else:
@@ -327,29 +444,75 @@ class LeaseTable:
         record.frames = frames
         self._done += 1
 
-    def _grant(self, records: list[_Record], worker_id: str, now: float) -> None:
-        """Leases these tasks to this worker (new leases, or the holder's extended ones)."""
+    def _grant(
+        self, records: list[_Record], worker_id: str, now: float, backup: bool = False
+    ) -> None:
+        """Leases these tasks to this worker (new leases, or the holder's extended ones);
+        `backup`: the backup copies it holds."""
         if not records:
             return
         lease = _Lease(worker_id, now + self.lease_seconds)
+        held = self._held.setdefault(worker_id, set())
         for record in records:
-            if record.lease is None:
-                self._held[worker_id] = self._held.get(worker_id, 0) + 1
+            task_id = record.task.task_id
+            held.add(task_id)
+            if backup:
+                record.backup = lease
+                continue
+            if record.lease is None and record.backup is None:
+                self._unbacked[task_id] = None  # a candidate for a backup, newest last
             record.lease = lease
             record.lapsed_from = None
         task_ids = tuple(record.task.task_id for record in records)
-        self._leased.update(task_ids)
+        if not backup:
+            self._leased.update(task_ids)
         entry = (lease.deadline, next(self._tickets), lease, task_ids)
         heapq.heappush(self._deadlines, entry)
 
+    def _grant_backups(self, worker_id: str, max_tasks: int, now: float) -> list[_Record]:
+        """Backup copies of up to max_tasks in-flight tasks, longest leased first."""
+        chosen: list[_Record] = []
+        while self._unbacked and len(chosen) < max_tasks:
+            task_id, _ = self._unbacked.popitem(last=False)
+            record = self._records[task_id]
+            if record.lease is None or record.backup is not None or record.returns is not None:
+                continue  # ended since it was listed
+            if worker_id not in record.holders:
+                record.holders += (worker_id,)
+            chosen.append(record)
+        self._grant(chosen, worker_id, now, backup=True)
+        self.backups_granted += len(chosen)
+        return chosen
+
+    def _promote_backup(self, record: _Record) -> None:
+        """The backup copy becomes the task's lease (its first holder is gone or failed)."""
+        lease, record.backup = record.backup, None
+        record.lease = lease
+        self._leased.add(record.task.task_id)
+
+    def _drop_backup(self, record: _Record) -> None:
+        lease, record.backup = record.backup, None
+        if lease is not None:
+            self._release_hold(lease.worker_id, record.task.task_id)
+            if record.lease is not None and record.returns is None:
+                # It may be backed up again; an old task, so it goes first.
+                self._unbacked[record.task.task_id] = None
+                self._unbacked.move_to_end(record.task.task_id, last=False)
+
+    def _release_hold(self, worker_id: str, task_id: str) -> None:
+        held = self._held.get(worker_id)
+        if held is not None:
+            held.discard(task_id)
+            if not held:
+                del self._held[worker_id]
+
     def _unlease(self, record: _Record) -> None:
+        task_id = record.task.task_id
         if record.lease is not None:
-            holder = record.lease.worker_id
-            self._held[holder] -= 1
-            if not self._held[holder]:
-                del self._held[holder]
+            self._release_hold(record.lease.worker_id, task_id)
         record.lease = None
-        self._leased.discard(record.task.task_id)
+        self._leased.discard(task_id)
+        self._unbacked.pop(task_id, None)
 
     def _enqueue_front(self, record: _Record) -> None:
         record.queued = ticket = next(self._tickets)

@@ -134,6 +134,12 @@ class WorkerRoster:
         if worker is not None and worker.held:
             worker.held.difference_update(task_ids)
 
+    def holds_nothing(self, worker_id: str) -> None:
+        """This worker's leases all ended (it is gone)."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.held.clear()
+
     def phase_ended(self) -> None:
         """A new phase's task ids share nothing with the last one's: nobody holds anything."""
         for worker in self._workers.values():

@@ -50,6 +50,11 @@ class PhaseOutcome:
     None unless the run asks for behaviours."""
     observations: ObservationStats | None = None
     """The sums of the phase's observations (accepted results only); None if none came."""
+    tail_s: float = 0.0
+    """Seconds from the phase's last fresh lease to its end."""
+    backup_tasks: int = 0
+    backup_wins: int = 0
+    workers_lost: int = 0
 
 
 class TaskExtras(NamedTuple):
@@ -100,6 +105,8 @@ class FleetSettings:
     retry_after_ms: int = 200
     behaviour_size: int = 0
     """> 0: results carry each episode's behaviour characterisation of this size."""
+    backups: bool = True
+    """Lease backup copies of in-flight tasks to idle workers once nothing is pending."""
 
 
 def env_seed_for(run_seed: int, task_id: str) -> int:
@@ -176,7 +183,8 @@ class Fleet:
         if self._table is not None:
             raise RuntimeError("a phase is already running")
         tasks = split_into_tasks(requests, self.settings)
-        table = LeaseTable(tasks, self.settings.lease_seconds, self.settings.max_attempts)
+        table = LeaseTable(tasks, self.settings.lease_seconds, self.settings.max_attempts,
+                           backups=self.settings.backups)  # fmt: skip
         extras = recorded_extras or {}
         self._observations = None
         for task_id, (returns, frames) in (recorded or {}).items():
@@ -210,7 +218,14 @@ class Fleet:
         self._finished_task_ids = {t.task_id for t in tasks}
         episodes = sum(t.episodes for t in tasks)
         behaviours, observations = self._extras_of(table)
-        return PhaseOutcome(table.results(), table.frames, episodes, behaviours, observations)
+        tail = table.tail
+        fresh = tail.last_fresh_lease
+        return PhaseOutcome(
+            table.results(), table.frames, episodes, behaviours, observations,
+            tail_s=0.0 if fresh is None else max(0.0, self._clock() - fresh),
+            backup_tasks=tail.backups, backup_wins=tail.backups_won,
+            workers_lost=tail.workers_lost,
+        )  # fmt: skip
 
     def _extras_of(
         self, table: LeaseTable
@@ -308,6 +323,18 @@ class Fleet:
         gone = set(dropped)
         self.roster.holding(worker_id, (t for t in task_ids if t not in gone))
         return dropped
+
+    def worker_gone(self, worker_id: str) -> int:
+        """A worker's connection closed (service.Attach): its leases end now, not when they
+        lapse, and its tasks go to others. Returns how many it held."""
+        if self._table is None:
+            return 0
+        held = self._table.worker_gone(worker_id)
+        if held:
+            log.info("worker %r is gone: its %d task(s) go to other workers", worker_id, held)
+            self.roster.holds_nothing(worker_id)
+        self._wake_if_complete()
+        return held
 
     def release(self, worker_id: str, task_ids: Iterable[str]) -> int:
         self._seen(worker_id)

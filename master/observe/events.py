@@ -20,8 +20,8 @@ from neuro.runfiles import seeds_sha256
 
 @dataclass(frozen=True)
 class GenerationRecord:
-    """One line of metrics.jsonl: at most 560 bytes for the GA (ES: 680; GA-NS: 700; NS-ES: 850),
-    whatever the generation.
+    """One line of metrics.jsonl: at most 690 bytes for the GA (ES: 800; GA-NS: 850; NS-ES:
+    1000), whatever the generation.
 
     The elite's seed list grows by a seed a generation, so the line names it by sha256 and
     length (elite_sha256, elite_length); the list is in the run dir's genomes/<sha256>.json.
@@ -45,6 +45,16 @@ class GenerationRecord:
     generation_frames: int
     failed_evaluations: int
     leases_reissued: int
+    tail_s: float = 0.0
+    """Seconds from each phase's last fresh lease (of a task never leased before, or handed
+    out again) to its end, summed over the generation's phases: the time it waited on its
+    slowest tasks."""
+    backup_tasks: int = 0
+    """Backup copies of in-flight tasks leased to idle workers at the phases' ends."""
+    backup_wins: int = 0
+    """Tasks whose recorded result came from their backup copy."""
+    workers_lost: int = 0
+    """Workers whose connection closed while they held leases, which were ended at once."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The algorithm's own figures (ES: theta_rank, ...), written beside the common ones."""
 

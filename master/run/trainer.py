@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from master.algorithms.base import OFFSPRING, Algorithm, GenerationSummary
-from master.fleet.scheduler import Fleet, TaskExtras
+from master.fleet.scheduler import Fleet, PhaseOutcome, TaskExtras
 from master.observe.events import GenerationRecord, Observer, RunSnapshot
 from master.run.checkpoint import ALGORITHM, save_checkpoint, save_sidecar
 from master.run.rundir import RunDirectory
@@ -190,18 +190,21 @@ class Trainer:
             )  # fmt: skip
         frames_before, evaluations_before, reissued_before = self._generation_start
         summary = None
+        tail = _Tail()
         while summary is None:
             recorded, self._recorded = self._recorded, {}
             extras, self._recorded_extras = self._recorded_extras, {}
             outcome = await self.fleet.evaluate(self.algorithm.ask(), recorded, extras)
             self.frames += outcome.frames
             self.evaluations += outcome.episodes
+            tail.add(outcome)
             summary = self.algorithm.tell(outcome.returns, outcome.behaviours, outcome.observations)
         record = self._record(
             summary,
             self.frames - frames_before,
             self.evaluations - evaluations_before,
             self.fleet.counters().reissued - reissued_before,
+            tail,
         )
         self.records.append(record)
         document = None
@@ -261,7 +264,12 @@ class Trainer:
             self._saving = None
 
     def _record(
-        self, summary: GenerationSummary, frames: int, evaluations: int, reissued: int
+        self,
+        summary: GenerationSummary,
+        frames: int,
+        evaluations: int,
+        reissued: int,
+        tail: _Tail,
     ) -> GenerationRecord:
         if evaluations != summary.evaluations:
             raise AssertionError(
@@ -281,6 +289,10 @@ class Trainer:
             generation_frames=frames,
             failed_evaluations=summary.failed,
             leases_reissued=reissued,
+            tail_s=round(tail.seconds, 3),
+            backup_tasks=tail.backups,
+            backup_wins=tail.wins,
+            workers_lost=tail.workers_lost,
         )
 
     def snapshot(self, workers: bool = False) -> RunSnapshot:
@@ -306,6 +318,22 @@ class Trainer:
             last_record=self.records[-1] if self.records else None,
             worker_status=tuple(self.fleet.worker_stats()) if workers else (),
         )
+
+
+@dataclass
+class _Tail:
+    """The phases' tails of one generation, added up (metrics.jsonl's tail_s, backup_...)."""
+
+    seconds: float = 0.0
+    backups: int = 0
+    wins: int = 0
+    workers_lost: int = 0
+
+    def add(self, outcome: PhaseOutcome) -> None:
+        self.seconds += outcome.tail_s
+        self.backups += outcome.backup_tasks
+        self.wins += outcome.backup_wins
+        self.workers_lost += outcome.workers_lost
 
 
 def _json_float(value: float) -> float | None:

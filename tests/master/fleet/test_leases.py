@@ -229,6 +229,96 @@ def test_frames_sum_only_accepted_results():
     assert joined[:2] == [1.0, 2.0] and math.isnan(joined[2])
 
 
+# -- the phase's tail: backup copies and workers known to be gone ------------------------------
+
+
+def test_idle_workers_back_up_the_longest_running_tasks_once_nothing_is_pending():
+    t = table(2)
+    assert ids(t.lease("w1", 1, now=0.0)) == ["k0/0"]
+    assert ids(t.lease("w2", 1, now=1.0)) == ["k1/0"]
+    assert t.tail.last_fresh_lease == 1.0
+    assert ids(t.lease("w1", 1, now=2.0)) == []  # busy: no copy of anything for it
+    assert ids(t.lease("w3", 5, now=3.0)) == ["k0/0"]  # idle: the longest running, once
+    assert ids(t.lease("w4", 5, now=3.0)) == ["k1/0"]
+    assert ids(t.lease("w5", 5, now=3.0)) == []  # one copy per task
+    assert (t.holder("k0/0"), t.backup_holder("k0/0")) == ("w1", "w3")
+    assert t.counters == LeaseCounters(pending=0, leased=2, done=0, reissued=0)
+    # The copy's result comes first and counts; the first holder's is a duplicate.
+    assert t.complete_task("k0/0", [1.0], 10, "w3") is Disposition.ACCEPTED
+    assert t.complete_task("k0/0", [9.0], 10, "w1") is Disposition.DUPLICATE
+    assert t.heartbeat("w1", ["k0/0"], now=4.0) == ["k0/0"]  # told to drop it
+    # Here the first holder wins; its copy hears the task is done.
+    assert t.heartbeat("w4", ["k1/0"], now=4.0) == []
+    assert t.complete_task("k1/0", [2.0], 10, "w2") is Disposition.ACCEPTED
+    assert t.heartbeat("w4", ["k1/0"], now=5.0) == ["k1/0"]
+    assert t.complete and t.results() == {"k0": [1.0], "k1": [2.0]}
+    assert (t.tail.backups, t.tail.backups_won) == (2, 1)
+
+
+def test_without_backups_an_idle_worker_waits():
+    t = LeaseTable(make_tasks({"k0": 1}), LEASE_S, 3, backups=False)
+    t.lease("w1", 1, now=0.0)
+    assert ids(t.lease("w2", 1, now=1.0)) == [] and t.tail.backups == 0
+
+
+def test_a_gone_worker_loses_its_leases_at_once_and_its_late_result_still_counts():
+    t = table(3)
+    assert ids(t.lease("w1", 2, now=0.0)) == ["k0/0", "k1/0"]
+    assert t.worker_gone("w1") == 2
+    assert t.counters == LeaseCounters(pending=3, leased=0, done=0, reissued=2)
+    assert ids(t.lease("w2", 3, now=1.0)) == ["k0/0", "k1/0", "k2/0"]  # the lost ones first
+    # It was alive after all: its result counts, once.
+    assert t.complete_task("k1/0", [1.0], 5, "w1") is Disposition.ACCEPTED
+    assert t.complete_task("k1/0", [2.0], 5, "w2") is Disposition.DUPLICATE
+    assert t.worker_gone("w9") == 0 and t.tail.workers_lost == 1
+
+
+def test_a_gone_worker_s_task_not_yet_taken_comes_back_to_it_by_heartbeat():
+    t = table(1)
+    t.lease("w1", 1, now=0.0)
+    t.worker_gone("w1")
+    assert t.heartbeat("w1", ["k0/0"], now=1.0) == []
+    assert t.holder("k0/0") == "w1" and t.counters.pending == 0
+
+
+def test_a_backup_takes_over_when_the_first_holder_is_gone_fails_or_hands_back():
+    for end in ("gone", "fail", "release", "lapse"):
+        t = table(1, max_attempts=3)
+        t.lease("w1", 1, now=0.0)
+        assert ids(t.lease("w2", 1, now=LEASE_S / 2)) == ["k0/0"]  # the backup copy
+        t.heartbeat("w2", ["k0/0"], now=LEASE_S * 0.9)
+        if end == "gone":
+            t.worker_gone("w1")
+        elif end == "fail":
+            t.fail_task("k0/0", "boom", "w1")
+        elif end == "release":
+            t.release("w1", ["k0/0"])
+        else:
+            t.expire(now=LEASE_S)  # w1's lease lapses; w2's, extended, does not
+        assert (t.holder("k0/0"), t.backup_holder("k0/0")) == ("w2", None), end
+        assert t.counters.pending == 0, end
+        assert t.complete_task("k0/0", [1.0], 5, "w2") is Disposition.ACCEPTED, end
+
+
+def test_a_backup_that_fails_lapses_or_is_handed_back_leaves_the_task_where_it_runs():
+    for end in ("fail", "release", "lapse", "gone"):
+        t = table(1, max_attempts=3)
+        t.lease("w1", 1, now=0.0)
+        t.lease("w2", 1, now=1.0)
+        t.heartbeat("w1", ["k0/0"], now=LEASE_S * 0.95)
+        if end == "fail":
+            assert t.fail_task("k0/0", "boom", "w2") is Disposition.ACCEPTED
+        elif end == "release":
+            t.release("w2", ["k0/0"])
+        elif end == "lapse":
+            t.expire(now=LEASE_S + 1.0)
+        else:
+            t.worker_gone("w2")
+        assert (t.holder("k0/0"), t.backup_holder("k0/0")) == ("w1", None), end
+        # It may be backed up again, by another idle worker.
+        assert ids(t.lease("w3", 1, now=LEASE_S + 2.0)) == ["k0/0"], end
+
+
 WORKERS = st.sampled_from(["w0", "w1", "w2"])
 REQUESTS = {"a": 1, "b": 3, "c": 2, "d": 1}
 
@@ -246,17 +336,24 @@ class LeaseMachine(RuleBasedStateMachine):
         self.first: dict[str, tuple[float, ...]] = {}
         self.frames = 0
         self.done = 0
+        self.leased_to: dict[str, set[str]] = {t.task_id: set() for t in self.tasks}
+        """Workers a task was leased to (or backed up on) and that did not hand it back."""
 
-    def _complete(self, task_id: str) -> None:
+    def _complete(self, task_id: str, worker: str | None = None) -> None:
         task = next((t for t in self.tasks if t.task_id == task_id), None)
         self.serial += 1
         returns = [float(self.serial)] * (task.episodes if task else 1)
         was_done = self.table.counters.done
-        disposition = self.table.complete_task(task_id, returns, self.serial)
+        disposition = self.table.complete_task(task_id, returns, self.serial, worker)
         if task is None:
             assert disposition is Disposition.STALE
+        elif disposition is Disposition.REJECTED:
+            assert worker is not None and worker not in self.leased_to[task_id]
+            assert task_id not in self.first
         elif disposition is Disposition.ACCEPTED:
             assert task_id not in self.first
+            # A result counts only from a worker the task was leased (or backed up) to.
+            assert worker is None or worker in self.leased_to[task_id]
             self.first[task_id] = tuple(returns)
             self.frames += self.serial
             assert self.table.counters.done == was_done + 1
@@ -266,7 +363,21 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(worker=WORKERS, n=st.integers(0, 4))
     def lease(self, worker, n):
         for task in self.table.lease(worker, n, self.now):
-            assert self.table.holder(task.task_id) == worker
+            # Its lease, or a backup copy of another worker's running task.
+            backup = self.table.backup_holder(task.task_id) == worker
+            assert self.table.holder(task.task_id) == worker or backup
+            assert not backup or self.table.holder(task.task_id) not in (None, worker)
+            self.leased_to[task.task_id].add(worker)
+
+    @rule(worker=WORKERS)
+    def gone(self, worker):
+        self.table.worker_gone(worker)
+        for task_id in self.leased_to:
+            assert worker not in (self.table.holder(task_id), self.table.backup_holder(task_id))
+
+    @rule(worker=WORKERS, data=st.data())
+    def complete_from(self, worker, data):
+        self._complete(data.draw(self.ids), worker)
 
     @rule(worker=WORKERS, data=st.data())
     def heartbeat(self, worker, data):
@@ -274,7 +385,13 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule(worker=WORKERS, data=st.data())
     def release(self, worker, data):
-        self.table.release(worker, data.draw(st.lists(self.ids, max_size=3)))
+        task_ids = data.draw(st.lists(self.ids, max_size=3))
+        held = {
+            t for t in task_ids if worker in (self.table.holder(t), self.table.backup_holder(t))
+        }
+        self.table.release(worker, task_ids)
+        for task_id in held:
+            self.leased_to[task_id].discard(worker)
 
     @rule(data=st.data())
     def complete(self, data):
@@ -283,6 +400,10 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def fail(self, data):
         self.table.fail_task(data.draw(self.ids), "boom")
+
+    @rule(worker=WORKERS, data=st.data())
+    def fail_from(self, worker, data):
+        self.table.fail_task(data.draw(self.ids), "boom", worker)
 
     @rule()
     def expire(self):
@@ -298,6 +419,13 @@ class LeaseMachine(RuleBasedStateMachine):
         assert c.pending + c.leased + c.done == len(self.tasks)
         assert c.leased == sum(self.table.holder(t.task_id) is not None for t in self.tasks)
         assert c.done >= self.done  # nothing is ever un-done
+        # What each worker holds, as the table keeps it to steer leases, is its leases alone.
+        expected: dict[str, set[str]] = {}
+        for task in self.tasks:
+            for worker in (self.table.holder(task.task_id), self.table.backup_holder(task.task_id)):
+                if worker is not None:
+                    expected.setdefault(worker, set()).add(task.task_id)
+        assert self.table._held == expected
         self.done = c.done
         assert self.table.frames == self.frames
 

@@ -35,13 +35,18 @@ from tests.support.fleet_calls import (
 
 def test_fake_workers_drive_a_whole_run(tmp_path):
     frames = Counter()
+    duplicates = Counter()
 
     async def work(stub, worker, max_tasks):
         while not (response := await lease(stub, worker, max_tasks)).run_complete:
             results = [result(t) for t in response.tasks]
             for r, ack in zip(results, await report(stub, results, worker), strict=True):
-                assert ack == ACCEPTED
-                frames[r.task_id.split("/")[0]] += r.frames
+                # A duplicate: the other copy of a task backed up at a phase's end came first.
+                assert ack in (ACCEPTED, DUPLICATE)
+                if ack == ACCEPTED:
+                    frames[r.task_id.split("/")[0]] += r.frames
+                else:
+                    duplicates[r.task_id.split("/")[0]] += 1
             await asyncio.sleep(0 if response.tasks else 0.005)
 
     async def scenario(stub, master, training):
@@ -53,6 +58,9 @@ def test_fake_workers_drive_a_whole_run(tmp_path):
         assert [r.generation_frames for r in records] == [frames["g0"], frames["g1"]]
         assert records[-1].frames == master.trainer.frames == frames["g0"] + frames["g1"]
         assert [r.failed_evaluations for r in records] == [0, 0]
+        # Every copy was reported: each backup made exactly one duplicate, and counted once.
+        assert [r.backup_tasks for r in records] == [duplicates["g0"], duplicates["g1"]]
+        assert all(r.backup_wins <= r.backup_tasks for r in records)
         s = await status(stub)
         trainer = master.trainer
         assert (s.generation, s.frames, s.evaluations) == (2, trainer.frames, 24)
