@@ -58,6 +58,11 @@ _DYNAMICS = {
     pb.ATARI_DYNAMICS_PAPER: "paper",
     pb.ATARI_DYNAMICS_REGISTERED: "registered",
 }
+_PRESENCE_FINAL = {grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAUTHENTICATED,
+                   grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
+                   grpc.StatusCode.RESOURCE_EXHAUSTED}  # fmt: skip
+"""Attach answers that retrying cannot change: an older master, a bad token or id, or a master
+watching as many workers as it can (the leases then lapse, as they always did)."""
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
               grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}  # fmt: skip
 
@@ -241,6 +246,9 @@ class WorkerClient:
         self._stop = threading.Event()
         self._wake = threading.Condition()
         self._shared = _Shared()
+        self._presence: Any = None
+        """The open Attach call (see _presence_loop), cancelled once the tasks are handed back."""
+        self._presence_lock = threading.Lock()
         self._unsupported_envs: dict[str, None] = {}
         """Env ids that failed to build here, oldest first (a dict: an ordered set)."""
         self._stats_failing = False
@@ -262,7 +270,9 @@ class WorkerClient:
     def run(self) -> int:
         """Works until done; returns a process exit code."""
         link = threading.Thread(target=self._link_loop, name="master-link", daemon=True)
+        presence = threading.Thread(target=self._presence_loop, name="presence", daemon=True)
         link.start()
+        presence.start()
         try:
             self._work_loop()
         finally:
@@ -270,6 +280,12 @@ class WorkerClient:
             with self._wake:
                 self._wake.notify_all()
             link.join(timeout=CALL_TIMEOUT_S * 2)
+            # Only now, the tasks handed back: a presence call ending earlier would make the
+            # master take them back as a lost worker's, an attempt spent on each.
+            with self._presence_lock:
+                if self._presence is not None:
+                    self._presence.cancel()
+            presence.join(timeout=CALL_TIMEOUT_S)
         if self._shared.fatal:
             log.error("worker %s stopped: %s", self.worker_id, self._shared.fatal)
             return 2
@@ -405,6 +421,42 @@ class WorkerClient:
     def _finished(self) -> bool:
         s = self._shared
         return self._stop.is_set() or s.fatal is not None or (s.run_complete and not s.inbox)
+
+    # -- presence thread: the master knows at once when this worker is gone ----------------
+
+    def _presence_loop(self) -> None:
+        """Holds an Attach call open while the worker runs: when this process is killed, or
+        its host or network lost, the call ends and the master hands this worker's tasks to
+        others at once instead of when their leases lapse. Reconnects with backoff; a master
+        without Attach (an older one) leaves the leases to lapse, as before."""
+        channel = open_channel(self.address, self._token, self._root_certificates)
+        stub = pb_grpc.EvolutionStub(channel)
+        request = pb.AttachRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+                                   worker_id=self.worker_id)  # fmt: skip
+        backoff = 0.1
+        try:
+            while not self._stop.is_set():
+                call = stub.Attach(request)
+                with self._presence_lock:
+                    self._presence = call
+                    if self._stop.is_set():
+                        call.cancel()
+                try:
+                    for update in call:
+                        backoff = 0.1
+                        if update.run_complete:
+                            with self._wake:
+                                self._shared.run_complete = True
+                                self._wake.notify_all()
+                except grpc.RpcError as error:
+                    if self._stop.is_set() or error.code() in _PRESENCE_FINAL:
+                        return
+                if self._shared.run_complete:
+                    return
+                self._stop.wait(backoff * random.uniform(0.5, 1.0))
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+        finally:
+            channel.close()
 
     # -- link thread: the master ----------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 ERROR_LOG_LINES = 10
 ERROR_LOG_WINDOW_S = 60.0
 """Task failures are logged at most ERROR_LOG_LINES times per window; the rest are counted."""
+MAX_ATTACHED = 20_000
+"""Workers whose presence (service.Attach) is watched at once; more are refused and fall back
+on their leases lapsing."""
 RUN_COMPLETE_GRACE_S = 10.0
 """After the run, how long past a worker's heartbeat interval the master keeps answering, so
 that busy or backing-off workers still hear the run is complete (worker.client paces
@@ -162,7 +166,11 @@ class Fleet:
         self.roster = WorkerRoster()
         """Per-worker figures (contacts, work, rate) for Status and /metrics."""
         self._finished_task_ids: set[str] = set()
-        self.run_complete = False
+        self._run_complete = False
+        self._completed = asyncio.Event()
+        self._attached: dict[str, int] = {}
+        """worker id -> the token of its live Attach call (the newest, if it reconnected)."""
+        self._attach_tokens = itertools.count(1)
         self._error_log = _RateLimitedLog(ERROR_LOG_LINES, ERROR_LOG_WINDOW_S)
         self.reissued_total = 0
         self.frames_accepted = 0
@@ -323,6 +331,40 @@ class Fleet:
         gone = set(dropped)
         self.roster.holding(worker_id, (t for t in task_ids if t not in gone))
         return dropped
+
+    @property
+    def run_complete(self) -> bool:
+        return self._run_complete
+
+    @run_complete.setter
+    def run_complete(self, value: bool) -> None:
+        self._run_complete = value
+        if value:
+            self._completed.set()
+
+    async def until_complete(self) -> None:
+        """Returns when the run is complete."""
+        await self._completed.wait()
+
+    def attach(self, worker_id: str) -> int | None:
+        """A worker's presence call opened: a token for detach(), None if too many are open."""
+        if worker_id not in self._attached and len(self._attached) >= MAX_ATTACHED:
+            return None
+        self._seen(worker_id)
+        token = self._attached[worker_id] = next(self._attach_tokens)
+        return token
+
+    def detach(self, worker_id: str, token: int) -> None:
+        """A worker's presence call ended. Unless a newer one of the same worker replaced it,
+        the worker is gone (its process killed, its host or network lost: a worker leaving
+        in order handed its tasks back first, and then holds nothing)."""
+        if self._attached.get(worker_id) != token:
+            return
+        del self._attached[worker_id]
+        self.worker_gone(worker_id)
+
+    def workers_attached(self) -> int:
+        return len(self._attached)
 
     def worker_gone(self, worker_id: str) -> int:
         """A worker's connection closed (service.Attach): its leases end now, not when they

@@ -5,6 +5,7 @@ The Task messages a lease hands out are built by master.fleet.tasks, the edge's 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -16,7 +17,7 @@ from google.protobuf.message import DecodeError
 
 from master.fleet.leases import Disposition
 from master.fleet.roster import WorkerStats
-from master.fleet.scheduler import Fleet, TaskOutcome
+from master.fleet.scheduler import MAX_ATTACHED, Fleet, TaskOutcome
 from master.fleet.tasks import TaskTemplate
 from neuro.observation_stats import ObservationStats
 from neuro.v1 import evolution_pb2 as pb
@@ -33,6 +34,22 @@ MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES
 """The server's receive limit (grpc's default); a larger request gets RESOURCE_EXHAUSTED."""
 PARAMETER_CHUNK_BYTES = 2**20
 """FetchParameters streams a version in pieces this big, well under any message limit."""
+PRESENCE_PING_S = 10.0
+PRESENCE_PING_TIMEOUT_S = 10.0
+"""The server pings each connection this often and closes it when a ping goes unanswered this
+long: a worker whose host or network vanished (no TCP reset ever comes) is known to be gone
+within about 20 s, and its Attach call ends. A busy worker answers: gRPC's own threads do."""
+PRESENCE_OPTIONS = (
+    ("grpc.keepalive_time_ms", int(PRESENCE_PING_S * 1000)),
+    ("grpc.keepalive_timeout_ms", int(PRESENCE_PING_TIMEOUT_S * 1000)),
+    # Keep pinging a connection over which only the Attach call's rare updates travel.
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+)
+"""The server options that make a vanished worker's Attach call end."""
+ATTACH_UPDATE_S = 30.0
+"""An Attach call carries a message at least this often: idle connections that nothing
+crosses are closed by some NATs and load balancers, and the worker would reconnect."""
 
 
 class StatusFigures(Protocol):
@@ -206,6 +223,28 @@ class EvolutionService(pb_grpc.EvolutionServicer):
                 version=version, offset=offset, total_bytes=len(data), sha256=sha256,
                 data=data[offset : offset + PARAMETER_CHUNK_BYTES],
             )  # fmt: skip
+
+    async def Attach(
+        self, request: pb.AttachRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.AttachUpdate]:
+        await _check_common(request, context)
+        token = self._fleet.attach(request.worker_id)
+        if token is None:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"more than {MAX_ATTACHED} workers attached; this one's leases lapse as usual",
+            )
+        try:
+            while not self._fleet.run_complete:
+                try:
+                    async with asyncio.timeout(ATTACH_UPDATE_S):
+                        await self._fleet.until_complete()
+                except TimeoutError:
+                    yield pb.AttachUpdate()
+            yield pb.AttachUpdate(run_complete=True)
+        finally:
+            # The worker's connection closed (grpc cancels this call), or the run is over.
+            self._fleet.detach(request.worker_id, token)
 
 
 def status_response(snapshot: StatusFigures) -> pb.StatusResponse:

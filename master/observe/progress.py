@@ -162,6 +162,11 @@ def format_duration(seconds: float | None) -> str:
     return f"{days}d{hours:02d}h"
 
 
+def format_tail(seconds: float) -> str:
+    """A phase tail: tenths of a second under a minute (most are), else as format_duration."""
+    return f"{seconds:.1f}s" if 0 <= seconds < 59.95 else format_duration(seconds)
+
+
 def format_score(value: float) -> str:
     """A score with one decimal; "-" for a generation whose evaluations all failed."""
     return f"{value:.1f}" if math.isfinite(value) else "-"
@@ -174,8 +179,14 @@ def generation_line(record: GenerationRecord, stats: GenerationStats) -> str:
         f"elite {format_score(record.elite_score):>7} | "
         f"max {format_score(record.score_max):>7} mean {format_score(record.score_mean):>7} | "
         f"{format_si(stats.evals_per_s):>6} evals/s {format_si(stats.frames_per_s):>6} frames/s | "
-        f"workers {stats.workers:3d} | ETA {format_duration(stats.eta_s)}"
+        f"workers {stats.workers:3d} | tail {format_tail(record.tail_s)}"
+        f"{_backups(record)} | ETA {format_duration(stats.eta_s)}"
     )
+
+
+def _backups(record: GenerationRecord) -> str:
+    """The backup tasks of a generation that ran some ("won/run"), else nothing."""
+    return f", backups {record.backup_wins}/{record.backup_tasks}" if record.backup_tasks else ""
 
 
 def generation_json(record: GenerationRecord, stats: GenerationStats) -> str:

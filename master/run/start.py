@@ -24,7 +24,12 @@ from master.algorithms import registry
 from master.config import RunConfig
 from master.fleet.auth import TokenInterceptor
 from master.fleet.scheduler import Fleet, FleetSettings
-from master.fleet.service import MAX_REQUEST_BYTES, EvolutionService, add_to_server
+from master.fleet.service import (
+    MAX_REQUEST_BYTES,
+    PRESENCE_OPTIONS,
+    EvolutionService,
+    add_to_server,
+)
 from master.fleet.tasks import ParameterStore, task_template
 from master.observe.events import GenerationRecord, Observer
 from master.observe.progress import ProgressObserver, notice_stream
@@ -133,7 +138,7 @@ async def start_master(
     # not share the port and answer half of this run's workers with its own.
     server = grpc.aio.server(
         options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-                 ("grpc.so_reuseport", 0), *options],
+                 ("grpc.so_reuseport", 0), *PRESENCE_OPTIONS, *options],
         interceptors=interceptors,
     )  # fmt: skip
     # Not the generated add_EvolutionServicer_to_server: unparsable bytes get INVALID_ARGUMENT.

@@ -252,6 +252,20 @@ class ReleaseResponse(_message.Message):
     released: int
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
+class AttachRequest(_message.Message):
+    __slots__ = ("protocol_version", "worker_id")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: ProtocolVersion
+    worker_id: str
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class AttachUpdate(_message.Message):
+    __slots__ = ("run_complete",)
+    RUN_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    run_complete: bool
+    def __init__(self, run_complete: _Optional[bool] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -64,6 +64,11 @@ class EvolutionStub:
                 request_serializer=neuro_dot_v1_dot_evolution__pb2.ParametersRequest.SerializeToString,
                 response_deserializer=neuro_dot_v1_dot_evolution__pb2.ParametersChunk.FromString,
                 _registered_method=True)
+        self.Attach = channel.unary_stream(
+                '/neuro.v1.Evolution/Attach',
+                request_serializer=neuro_dot_v1_dot_evolution__pb2.AttachRequest.SerializeToString,
+                response_deserializer=neuro_dot_v1_dot_evolution__pb2.AttachUpdate.FromString,
+                _registered_method=True)
 
 
 class EvolutionServicer:
@@ -112,6 +117,17 @@ class EvolutionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Attach(self, request, context):
+        """A worker's presence: held open for as long as the worker runs. When the call ends without
+        the worker having said goodbye (its process killed, its host or network gone: the master
+        sees the connection close, or keepalive pings go unanswered), the master ends that
+        worker's leases at once instead of when they lapse. The master sends an update when the
+        run completes and, at times, one saying nothing, which keeps idle connections open.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EvolutionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +160,11 @@ def add_EvolutionServicer_to_server(servicer, server):
                     servicer.FetchParameters,
                     request_deserializer=neuro_dot_v1_dot_evolution__pb2.ParametersRequest.FromString,
                     response_serializer=neuro_dot_v1_dot_evolution__pb2.ParametersChunk.SerializeToString,
+            ),
+            'Attach': grpc.unary_stream_rpc_method_handler(
+                    servicer.Attach,
+                    request_deserializer=neuro_dot_v1_dot_evolution__pb2.AttachRequest.FromString,
+                    response_serializer=neuro_dot_v1_dot_evolution__pb2.AttachUpdate.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +329,33 @@ class Evolution:
             '/neuro.v1.Evolution/FetchParameters',
             neuro_dot_v1_dot_evolution__pb2.ParametersRequest.SerializeToString,
             neuro_dot_v1_dot_evolution__pb2.ParametersChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/neuro.v1.Evolution/Attach',
+            neuro_dot_v1_dot_evolution__pb2.AttachRequest.SerializeToString,
+            neuro_dot_v1_dot_evolution__pb2.AttachUpdate.FromString,
             options,
             channel_credentials,
             insecure,

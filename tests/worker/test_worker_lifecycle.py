@@ -67,6 +67,44 @@ def test_sigterm_hands_tasks_back_and_exits(tmp_path: Path, noise_cache: Path) -
     (record,) = outcome["records"]
     assert record.generation_evaluations == 4 + 2 * 300
     assert record.leases_reissued == 0 and record.failed_evaluations == 0
+    assert record.workers_lost == 0  # it said goodbye: handed back, then closed its presence
+
+
+async def _sigkill_mid_task(tmp_path: Path) -> dict:
+    async with live_master(long_elite_tasks(lease_seconds=60.0), tmp_path / "run") as live:
+        fleet = live.trainer.fleet
+        first = spawn_worker(live.port, "first")
+        second = None
+        try:
+
+            def first_holds_elite_tasks() -> bool:
+                table = fleet._table
+                return bool(table) and any(
+                    "/e/" in t and table.holder(t) == "first" for t in table._leased
+                )
+
+            await wait_for(first_holds_elite_tasks, 60, "the worker to lease an elite task")
+            await wait_for(lambda: fleet.workers_attached() == 1, 10, "the worker's presence")
+            await asyncio.sleep(0.3)  # well inside a 300-episode task
+            killed = time.monotonic()
+            first.kill()  # no goodbye: only its closed connection tells the master
+            await wait_for(lambda: fleet.counters().leased == 0, 10, "its leases to end")
+            noticed = time.monotonic() - killed
+            second = spawn_worker(live.port, "second")
+            records = await asyncio.wait_for(live.training, 120)
+            return {"noticed": noticed, "records": records}
+        finally:
+            stop_processes([p for p in (first, second) if p is not None])
+
+
+def test_a_killed_worker_s_tasks_go_to_others_at_once_not_when_its_lease_lapses(
+    tmp_path: Path, noise_cache: Path
+) -> None:
+    outcome = asyncio.run(_sigkill_mid_task(tmp_path))
+    assert outcome["noticed"] < 5.0  # the lease was 60 s
+    (record,) = outcome["records"]
+    assert record.generation_evaluations == 4 + 2 * 300 and record.failed_evaluations == 0
+    assert record.workers_lost == 1 and record.leases_reissued >= 1
 
 
 async def _master_comes_up_late(tmp_path: Path) -> tuple[int, int | None]:

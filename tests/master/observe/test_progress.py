@@ -150,14 +150,18 @@ def test_the_terminal_line_shows_scores_throughput_workers_and_eta() -> None:
     line = generation_line(record(12, frames=1_234_567), GenerationStats(140.0, 9876.0, 3, 185))
     assert line == (
         "gen   12 | frames  1.23M | elite   487.2 | max   500.0 mean    61.7 | "
-        "   140 evals/s  9.88k frames/s | workers   3 | ETA 3m05s"
+        "   140 evals/s  9.88k frames/s | workers   3 | tail 0.0s | ETA 3m05s"
     )
+    # The phases' tail, and the backup tasks that ran in it: won / run.
+    tail = generation_line(record(12, tail_s=2.46, backup_tasks=5, backup_wins=3),
+                           GenerationStats(140.0, 9876.0, 3, 185))  # fmt: skip
+    assert tail.endswith("workers   3 | tail 2.5s, backups 3/5 | ETA 3m05s")
     failed = generation_line(
         record(0, score_mean=math.nan, score_max=math.nan, elite_score=math.nan),
         GenerationStats(None, None, 0, None),
     )
     assert "elite       - | max       - mean       - |      - evals/s      - frames/s" in failed
-    assert failed.endswith("workers   0 | ETA -")
+    assert failed.endswith("workers   0 | tail 0.0s | ETA -")
 
 
 @pytest.mark.parametrize(
@@ -286,7 +290,9 @@ def test_a_terminal_gets_generation_lines_under_a_live_bar(
             assert drawn, text
         wipe = rf"\r +\rgen    {generation} \| frames " if drawn else rf"^gen    {generation} \| "
         assert re.search(wipe, line), line
-        assert re.search(r"workers   1 \| ETA \d+s$", line), line
+        assert re.search(r"workers   1 \| tail \d+\.\ds(, backups \d+/\d+)? \| ETA \d+s$", line), (
+            line
+        )
     assert lines[-1].endswith("ETA 0s")
     assert len(read_metrics(run_dir / "metrics.jsonl")) == 2
 
