@@ -12,6 +12,7 @@ master and workers) and then on this tree, so the two are measured on the same h
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -84,7 +85,8 @@ def run_chaos(tree: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]
         config = json.loads((run_dir / "config.json").read_text())
     ga = config["ga"]
     expected = ga["population_size"] + ga["elite_candidates"] * ga["elite_episodes"]
-    seconds = [b["wall_s"] - a["wall_s"] for a, b in zip([{"wall_s": 0.0}, *lines], lines)]
+    ends = [0.0, *(line["wall_s"] for line in lines)]
+    seconds = [end - start for start, end in itertools.pairwise(ends)]
     return {
         "wall_s": wall,
         "kills": kills,
