@@ -33,6 +33,7 @@ from neuro.v1 import evolution_pb2 as pb
 
 CURRENT = pb.PROTOCOL_VERSION_CURRENT
 ACCEPTED = pb.RESULT_DISPOSITION_ACCEPTED
+DUPLICATE = pb.RESULT_DISPOSITION_DUPLICATE
 SERVICE = "neuro.v1.Evolution"
 SERVER_CORE = 0
 CALL_S = 10.0
@@ -62,6 +63,9 @@ class Settings:
     """A worker that gets no task sleeps the master's retry_after_ms, at most this long."""
     server_option: tuple[tuple[str, Any], ...]
     """gRPC arguments for every server, e.g. ("grpc.so_reuseport", 0)."""
+    attached: int = 0
+    """Idle workers whose presence (Attach) the master watches meanwhile, each on its own
+    connection: what a fleet of that size costs the master beside the measured traffic."""
 
 
 def _pin(cores: set[int]) -> None:
@@ -90,6 +94,7 @@ async def _serve_until_told(conn, port: int) -> None:
 
 def master_process(conn, settings: Settings) -> None:
     _pin({SERVER_CORE})
+    _raise_file_limit()
     from master.config import inspect_env_id, preset
     from master.run.start import start_master
 
@@ -246,8 +251,11 @@ async def _worker(port: int, name: str, batch: int, window, tally, settings: Set
             acks = (await report_call(request, timeout=CALL_S)).acks
             if start <= time.monotonic() <= end:
                 accepted = sum(a.disposition == ACCEPTED for a in acks)
+                # A backup copy's loser: the master counted the task's other copy.
+                duplicates = sum(a.disposition == DUPLICATE for a in acks)
                 tally["accepted"] += accepted
-                tally["not_accepted"] += len(acks) - accepted
+                tally["duplicates"] += duplicates
+                tally["not_accepted"] += len(acks) - accepted - duplicates
 
 
 async def _stream_worker(port: int, name: str, batch: int, window, tally, settings) -> None:
@@ -272,16 +280,16 @@ async def _stream_worker(port: int, name: str, batch: int, window, tally, settin
         call.cancel()
 
 
-def clients_process(conn, port: int, server_pid: int, names, batch: int, kind: str, settings):
+def clients_process(
+    conn, port: int, server_pid: int, names, batch: int, kind: str, settings, attached: int
+):
     """Simulated workers on the other cores; sends back counts, latencies and CPU use."""
     cores = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
     _pin((cores - {SERVER_CORE}) or cores)
     tally: dict[str, Any] = dict.fromkeys(
-        ("accepted", "not_accepted", "empty_leases", "tasks", "task_bytes"), 0
+        ("accepted", "duplicates", "not_accepted", "empty_leases", "tasks", "task_bytes"), 0
     )
     tally["lease_s"] = []
-    conn.send("ready")
-    window = conn.recv()
     loop_worker = _stream_worker if kind == "echo-stream" else _worker
 
     async def cpu_at(moment: float) -> tuple[float, float]:
@@ -289,15 +297,58 @@ def clients_process(conn, port: int, server_pid: int, names, batch: int, kind: s
         return _cpu_seconds(server_pid), time.process_time()
 
     async def main() -> None:
+        present = _Presence(port, f"idle-{names[0]}", attached)
+        await present.open()  # before the window: the master watches them all the while
+        conn.send("ready")
+        window = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
         workers = [loop_worker(port, name, batch, window, tally, settings) for name in names]
         marks = asyncio.gather(cpu_at(window[0]), cpu_at(window[1]))
         budget = window[1] - time.monotonic() + 2 * CALL_S
         *_, (before, after) = await asyncio.wait_for(asyncio.gather(*workers, marks), budget)
         tally["server_cpu_s"] = after[0] - before[0]
         tally["client_cpu_s"] = after[1] - before[1]
+        tally["attached"] = await present.close()
 
+    _raise_file_limit()
     asyncio.run(main())
     conn.send(tally)
+
+
+class _Presence:
+    """`count` idle workers, each holding an Attach call open on a connection of its own."""
+
+    def __init__(self, port: int, prefix: str, count: int) -> None:
+        self._port, self._prefix, self._count = port, prefix, count
+        self._channels: list[Any] = []
+        self._calls: list[Any] = []
+
+    async def open(self) -> None:
+        for i in range(self._count):
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{self._port}", options=CLIENT_OPTIONS)
+            attach = _call(channel, "Attach", pb.AttachRequest, pb.AttachUpdate, "unary_stream")
+            call = attach(
+                pb.AttachRequest(protocol_version=CURRENT, worker_id=f"{self._prefix}-{i}")
+            )
+            self._channels.append(channel)
+            self._calls.append(call)
+        # The master sends its initial metadata once it watches a worker.
+        await asyncio.gather(*(call.initial_metadata() for call in self._calls))
+
+    async def close(self) -> int:
+        """Closes every call; how many were still open (none refused or dropped)."""
+        still = sum(not call.done() for call in self._calls)
+        for call in self._calls:
+            call.cancel()
+        await asyncio.gather(*(channel.close() for channel in self._channels))
+        return still
+
+
+def _raise_file_limit() -> None:
+    """Thousands of connections need as many file descriptors as the hard limit allows."""
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _start(target, *args) -> tuple[mp.Process, Any]:
@@ -334,7 +385,10 @@ def measure(server: str, batch: int, settings: Settings) -> dict[str, Any]:
         names = [f"sim-{i}" for i in range(settings.clients)]
         for i in range(settings.client_procs):
             group = names[i :: settings.client_procs]
-            args = (port, process.pid, group, batch, server, settings)
+            # The master's idle fleet, spread over the client processes (the echo has none).
+            attached = len(range(i, settings.attached, settings.client_procs))
+            attached = attached if server == "master" else 0
+            args = (port, process.pid, group, batch, server, settings, attached)
             clients.append(_start(clients_process, *args))
         for _, client_conn in clients:
             if not client_conn.poll(START_S):
@@ -375,6 +429,7 @@ def _summary(server, batch, settings, tallies, details) -> dict[str, Any]:
         "results_per_s": round(accepted / settings.seconds, 1),
         "accepted": accepted,
         "not_accepted": sum(t["not_accepted"] for t in tallies),
+        "duplicates": sum(t["duplicates"] for t in tallies),
         "empty_leases": sum(t["empty_leases"] for t in tallies),
         "lease_calls": len(lease_ms),
         "lease_p50_ms": pct(0.5),
@@ -382,6 +437,7 @@ def _summary(server, batch, settings, tallies, details) -> dict[str, Any]:
         "lease_mean_ms": round(statistics.fmean(lease_ms), 3) if lease_ms else None,
         "task_bytes_mean": round(sum(t["task_bytes"] for t in tallies) / max(tasks, 1), 1),
         "server_cpu_per_wall": round(tallies[0]["server_cpu_s"] / settings.seconds, 3),
+        "attached": sum(t.get("attached", 0) for t in tallies),
         "client_cpu_per_wall": round(sum(t["client_cpu_s"] for t in tallies) / settings.seconds, 3),
         **details,
     }
@@ -407,6 +463,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     add("--max-idle-s", type=float, default=0.05, help="cap on a worker's wait for work")
     add("--server-option", type=_option, action="append", default=[], metavar="KEY=VALUE")
     add("--also", nargs="*", default=[], choices=["echo-sync", "echo-stream"])
+    add(
+        "--attached",
+        type=int,
+        default=0,
+        help="idle workers whose presence (Attach) the master watches meanwhile",
+    )
     add("--json", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)}
@@ -458,6 +520,7 @@ def _cell_line(cell: dict[str, Any]) -> str:
         f"lease p50 {cell['lease_p50_ms']} p99 {cell['lease_p99_ms']} ms  "
         f"server cpu/wall {cell['server_cpu_per_wall']:.2f}  "
         f"clients cpu/wall {cell['client_cpu_per_wall']:.2f}"
+        + (f"  attached {cell['attached']}" if cell["attached"] else "")
     )
 
 

@@ -235,6 +235,8 @@ class EvolutionService(pb_grpc.EvolutionServicer):
                 f"more than {MAX_ATTACHED} workers attached; this one's leases lapse as usual",
             )
         try:
+            # At once, not with the first update: the worker (or a benchmark) sees it is watched.
+            await context.send_initial_metadata(())
             while not self._fleet.run_complete:
                 try:
                     async with asyncio.timeout(ATTACH_UPDATE_S):

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 
 ROW_KEYS = {"batch", "master_results_per_s", "echo_results_per_s", "master_over_echo",
             "master_lease_p99_ms", "echo_lease_p99_ms", "master_cpu_per_wall"}  # fmt: skip
-CELL_KEYS = {"server", "batch", "results_per_s", "accepted", "not_accepted", "lease_p50_ms",
+CELL_KEYS = {"server", "batch", "results_per_s", "accepted", "not_accepted", "duplicates",
+             "attached", "lease_p50_ms",
              "lease_p99_ms", "server_cpu_per_wall", "client_cpu_per_wall"}  # fmt: skip
 
 
@@ -22,7 +23,7 @@ def test_benchmark_reports_results_for_master_and_echo(tmp_path):
     out = tmp_path / "capacity.json"
     command = [sys.executable, "bench/master_capacity.py", "--seconds", "2", "--warmup", "0.5",
                "--clients", "2", "--batch", "8", "--population", "20",
-               "--json", str(out)]  # fmt: skip
+               "--attached", "5", "--json", str(out)]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=worker_env(), capture_output=True, timeout=180)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     report = json.loads(out.read_text())
@@ -33,5 +34,7 @@ def test_benchmark_reports_results_for_master_and_echo(tmp_path):
     for cell in cells.values():
         assert set(cell) >= CELL_KEYS
         assert cell["accepted"] > 0 and cell["results_per_s"] > 0
-        assert cell["not_accepted"] == 0
+        assert cell["not_accepted"] == 0  # duplicates: backup copies, counted apart
     assert cells["master"]["generations"] >= 1
+    # Every idle worker stayed watched through the window; the echo has no Attach.
+    assert (cells["master"]["attached"], cells["echo"]["attached"]) == (5, 0)
