@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
 import multiprocessing as mp
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -307,7 +309,7 @@ def clients_process(
         *_, (before, after) = await asyncio.wait_for(asyncio.gather(*workers, marks), budget)
         tally["server_cpu_s"] = after[0] - before[0]
         tally["client_cpu_s"] = after[1] - before[1]
-        tally["attached"] = await present.close()
+        tally.update(await present.close())
 
     _raise_file_limit()
     asyncio.run(main())
@@ -315,32 +317,63 @@ def clients_process(
 
 
 class _Presence:
-    """`count` idle workers, each holding an Attach call open on a connection of its own."""
+    """`count` idle workers, each holding an Attach call open on a connection of its own and,
+    like a worker, opening a new one (after a jittered backoff) when one ends: gRPC cancels
+    calls that arrive in a burst beyond what the server has asked for (C-core's pending-call
+    limit), which thousands of workers connecting at once hit."""
 
     def __init__(self, port: int, prefix: str, count: int) -> None:
         self._port, self._prefix, self._count = port, prefix, count
         self._channels: list[Any] = []
-        self._calls: list[Any] = []
+        self._calls: list[Any] = [None] * count
+        self._slots: list[asyncio.Task] = []
+        self._watched = 0
+        self._all_watched = asyncio.Event()
+        self.ended: list[tuple[str, float]] = []
+        """(status code, seconds after opening) of each call that ended before close()."""
 
     async def open(self) -> None:
         for i in range(self._count):
             channel = grpc.aio.insecure_channel(f"127.0.0.1:{self._port}", options=CLIENT_OPTIONS)
-            attach = _call(channel, "Attach", pb.AttachRequest, pb.AttachUpdate, "unary_stream")
-            call = attach(
-                pb.AttachRequest(protocol_version=CURRENT, worker_id=f"{self._prefix}-{i}")
-            )
             self._channels.append(channel)
-            self._calls.append(call)
-        # The master sends its initial metadata once it watches a worker.
-        await asyncio.gather(*(call.initial_metadata() for call in self._calls))
+            self._slots.append(asyncio.create_task(self._hold(i, channel)))
+        if self._count:
+            await asyncio.wait_for(self._all_watched.wait(), START_S)
 
-    async def close(self) -> int:
-        """Closes every call; how many were still open (none refused or dropped)."""
-        still = sum(not call.done() for call in self._calls)
+    async def _hold(self, index: int, channel) -> None:
+        attach = _call(channel, "Attach", pb.AttachRequest, pb.AttachUpdate, "unary_stream")
+        request = pb.AttachRequest(protocol_version=CURRENT, worker_id=f"{self._prefix}-{index}")
+        backoff, first = 0.1, True
+        while True:
+            opened = time.monotonic()
+            call = self._calls[index] = attach(request)
+            with contextlib.suppress(grpc.RpcError):
+                await call.initial_metadata()  # sent once the master watches this worker
+            if first and not call.done():
+                first = False
+                self._watched += 1
+                if self._watched == self._count:
+                    self._all_watched.set()
+            code = await call.code()  # returns once the call ends
+            self.ended.append((code.name, round(time.monotonic() - opened, 1)))
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+            backoff = min(backoff * 2, 5.0)
+
+    async def close(self) -> dict[str, Any]:
+        """Closes every call: how many were open, and how many had ended and were reopened."""
+        for slot in self._slots:
+            slot.cancel()
+        still = sum(call is not None and not call.done() for call in self._calls)
         for call in self._calls:
-            call.cancel()
+            if call is not None:
+                call.cancel()
         await asyncio.gather(*(channel.close() for channel in self._channels))
-        return still
+        ages = sorted(age for _, age in self.ended)
+        return {
+            "attached": still,
+            "attach_ended": dict(collections.Counter(code for code, _ in self.ended)),
+            "attach_ended_after_s": [ages[0], ages[len(ages) // 2], ages[-1]] if ages else [],
+        }
 
 
 def _raise_file_limit() -> None:
@@ -438,6 +471,16 @@ def _summary(server, batch, settings, tallies, details) -> dict[str, Any]:
         "task_bytes_mean": round(sum(t["task_bytes"] for t in tallies) / max(tasks, 1), 1),
         "server_cpu_per_wall": round(tallies[0]["server_cpu_s"] / settings.seconds, 3),
         "attached": sum(t.get("attached", 0) for t in tallies),
+        # Attach calls that ended (and were reopened) before the window closed, by status code.
+        "attach_ended": dict(
+            sum(
+                (collections.Counter(t.get("attach_ended", {})) for t in tallies),
+                collections.Counter(),
+            )
+        ),
+        "attach_ended_after_s": [
+            t["attach_ended_after_s"] for t in tallies if t.get("attach_ended_after_s")
+        ],
         "client_cpu_per_wall": round(sum(t["client_cpu_s"] for t in tallies) / settings.seconds, 3),
         **details,
     }
@@ -521,6 +564,7 @@ def _cell_line(cell: dict[str, Any]) -> str:
         f"server cpu/wall {cell['server_cpu_per_wall']:.2f}  "
         f"clients cpu/wall {cell['client_cpu_per_wall']:.2f}"
         + (f"  attached {cell['attached']}" if cell["attached"] else "")
+        + (f" ended {cell['attach_ended']}" if cell["attach_ended"] else "")
     )
 
 

@@ -45,8 +45,14 @@ PRESENCE_OPTIONS = (
     # Keep pinging a connection over which only the Attach call's rare updates travel.
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
+    # gRPC cancels calls that arrive beyond what the server has yet asked for (1,000 soft,
+    # 3,000 hard by default): a fleet that connects at once (a run's start, a master's
+    # restart) would see part of its Attach and Lease calls cancelled and retry them.
+    ("grpc.server.max_pending_requests", MAX_ATTACHED),
+    ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_ATTACHED),
 )
-"""The server options that make a vanished worker's Attach call end."""
+"""The server options that make a vanished worker's Attach call end and let a whole fleet
+attach at once."""
 ATTACH_UPDATE_S = 30.0
 """An Attach call carries a message at least this often: idle connections that nothing
 crosses are closed by some NATs and load balancers, and the worker would reconnect."""
