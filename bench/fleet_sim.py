@@ -19,27 +19,30 @@ elite phase of 10 candidates x 30 one-episode tasks, started when the offspring 
   neighbour or an older CPU): a slow tail for the backup copies to beat. Each worker has a fixed
   round trip drawn from U(1, 5) ms; the master sees a call half a round trip after it is sent.
 - Silent deaths: D per generation at uniformly random times within the generation's expected
-  span (the mean generation time without deaths, same mode and fleet size). The dying worker is
-  drawn among those running a task at that moment (a death of an idle worker costs nothing, and
-  at 10,000 workers most are idle), else among those holding one, else any. A dead worker never
-  calls again and its results never arrive.
+  span (the same generation, same seed and mode, run without deaths). The dying worker is
+  drawn among those running a task the phase still needs at that moment (a death of an idle
+  worker, or of one running a copy already recorded, costs nothing, and at 10,000 workers most
+  are idle), else among those holding one, else any (`--victims any`: any live worker). In the
+  tail few workers run needed tasks, so several deaths per generation chase the last tasks'
+  copies: an adversarial case. A dead worker never calls again and its results never arrive.
 - "before": LeaseTable(backups=False) and no worker_gone: a dead worker's tasks come back only
-  when their lease lapses (--lease-s, 60 s). "after": backups on, and worker_gone() called
-  --detect-s after the death (1 s: a killed process closes its presence call; 20 s: a vanished
-  host, found by the presence keepalive).
+  when their lease lapses (--lease-s, 60 s), and an idle worker may take 2 fresh tasks however
+  few are left. "after": backups on, each worker's fair share of what is pending (the lease's
+  fleet_size), and worker_gone() called --detect-s after the death (1 s: a killed process
+  closes its presence call; 20 s: a vanished host, found by the presence keepalive).
 - The ideal generation is a lower bound no schedule could beat, summed over the two phases (the
   elite phase cannot start before the offspring phase ends): per phase, the larger of its work
   spread over the whole fleet's capacity (sum of steps x step time / sum of 1/speed) and its
-  longest episode on the fleet's fastest worker. With fewer tasks than workers the second term
-  decides; network latency is left out. So generation time / ideal >= 1 always.
+  longest episode on the fleet's fastest worker (the first term decides at 100 workers, the
+  second at 1,000 and more); network latency is left out. So generation time / ideal >= 1.
 - Common random numbers: within one repetition, every mode sees the same worker speeds, round
-  trips, episode lengths and death times, so their difference is the mechanism's.
+  trips, episode lengths and death-time fractions, so their difference is the mechanism's.
 
 The simulation checks its own bookkeeping each generation: every task gets exactly one
 ACCEPTED result, none is recorded as failed (NaN), and no accepted result came from a worker
 after its death.
 
-Reproduce bench/results/fleet-sim.json (about a minute on one core):
+Reproduce bench/results/fleet-sim.json (under a minute of one core's time):
 
     python bench/fleet_sim.py --json bench/results/fleet-sim.json
 
@@ -54,6 +57,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import heapq
 import itertools
 import json
@@ -70,10 +74,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from master.algorithms.base import EvaluationRequest  # noqa: E402
-from master.fleet.leases import Disposition, LeaseTable, PhaseTask  # noqa: E402
-from master.fleet.scheduler import FleetSettings, split_into_tasks  # noqa: E402
-from neuro.genome import Genome  # noqa: E402
+from master.algorithms.base import EvaluationRequest
+from master.fleet.leases import Disposition, LeaseTable, PhaseTask
+from master.fleet.scheduler import FleetSettings, split_into_tasks
+from neuro.genome import Genome
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -92,11 +96,13 @@ HEARTBEAT_IDLE_S = 1.0
 """worker/client.py heartbeats every second while it holds nothing, so a worker's first
 heartbeat on a new task comes within a second."""
 EXPIRY_CHECK_S = 0.01
-"""How often the simulation looks for lapsed leases while every worker is parked (see below)."""
+"""How often lapsed leases are looked for on behalf of the parked workers (see `parked`)."""
 MAX_VIRTUAL_S = 7200.0
 """A generation that runs longer than this is a simulation bug, not a result."""
 
 POLL, REPORT, BEAT, DEATH, GONE, TICK = range(6)
+NEEDED, ANY = "needed", "any"
+"""Who dies: a worker running a task the phase still needs (the default), or any live one."""
 
 
 @dataclass(frozen=True)
@@ -129,13 +135,24 @@ class Generation:
     workers_lost: int
     deaths: int
     deaths_holding: int
+    """Deaths of a worker that ran or held a task the phase still needed."""
     reports_withheld: int
     """Finished tasks of dead workers whose report never went out."""
     dead_accepted: int
     """Accepted results from a worker after its death: must be 0."""
     cancelled: int
     """Running copies a heartbeat told their worker to drop (done elsewhere)."""
+    wasted_s: float
+    """Worker-seconds spent on copies whose result did not count (duplicate, stale, dropped)."""
+    granted_behind_stale: int
+    """Tasks leased to a worker that had to finish a copy nobody needed first: one already
+    recorded, or of the phase before (the master counts such a worker as holding nothing)."""
     lease_calls: int
+
+
+def _needed(task_id: str | None, table: LeaseTable, accepted: dict[str, int]) -> bool:
+    """Whether a copy of this task is still wanted by the running phase."""
+    return task_id is not None and task_id in table and not accepted[task_id]
 
 
 def _phase_ideal(nominal_s: list[float], capacity: float, fastest: float) -> float:
@@ -152,6 +169,7 @@ def simulate_generation(
     detect_s: float | None,
     death_times: list[float],
     seed: int,
+    victim_model: str = NEEDED,
 ) -> Generation:
     """One generation (offspring phase, then elite phase) on `workers` simulated workers.
 
@@ -174,14 +192,16 @@ def simulate_generation(
     retry_s = fleet.retry_after_ms / 1000.0
     beat_s = settings.lease_s / 4
     genome = Genome((seed % 2**32,))
+    # The GA's own request keys (g<generation>/o/<i>, g<generation>/e/<i>), cut into tasks as
+    # the master cuts them.
+    offspring = [EvaluationRequest(f"g0/o/{i}", genome, 1) for i in range(settings.offspring)]
+    elite = [
+        EvaluationRequest(f"g0/e/{c}", genome, settings.elite_episodes)
+        for c in range(settings.elite_candidates)
+    ]
     phases: list[list[PhaseTask]] = [
-        split_into_tasks(
-            [EvaluationRequest(f"g0/o/{i}", genome, 1) for i in range(settings.offspring)], fleet
-        ),
-        split_into_tasks(
-            [EvaluationRequest(f"g0/e/{c}", genome, settings.elite_episodes)
-             for c in range(settings.elite_candidates)], fleet,
-        ),  # fmt: skip
+        split_into_tasks(offspring, fleet),
+        split_into_tasks(elite, fleet),
     ]
     step_s = settings.step_ms / 1000.0
     seconds_of: dict[str, float] = {}
@@ -193,7 +213,7 @@ def simulate_generation(
     capacity = sum(1.0 / s for s in speed)
     fastest = min(speed)
     ideal = sum(
-        _phase_ideal([seconds_of[t.task_id] for t in tasks], capacity, fastest) for t_ in [0]
+        _phase_ideal([seconds_of[task.task_id] for task in tasks], capacity, fastest)
         for tasks in phases
     )
 
@@ -202,21 +222,26 @@ def simulate_generation(
     died_at = [math.inf] * workers
     running: list[str | None] = [None] * workers
     run_token = [0] * workers
+    run_started = [0.0] * workers
     inbox: list[list[str]] = [[] for _ in range(workers)]
     poll_token = [0] * workers
     beating = [False] * workers
     parked: set[int] = set(range(workers))
-    """Workers whose last lease came back empty. A real one asks again every retry_s; the answer
-    stays empty (and changes nothing) until tasks are queued again or a backup candidate
-    appears, which happens only on a new phase, a lapsed lease or worker_gone(). So instead of
-    simulating millions of empty polls, parked workers are woken on those events, each at its own
-    next retry time: the same leases at the same times, a hundredth of the events."""
+    """Workers whose last lease came back empty. A real one asks again every retry_s; for an
+    idle worker the answer stays empty (and changes nothing but expiring lapsed leases) until
+    tasks are queued again or a backup candidate appears, which here happens only on a new
+    phase, a lapsed lease or worker_gone(). So instead of millions of empty polls (10,000
+    workers waiting out a 60 s lease), parked workers are woken on those events, each at its own
+    next retry time, and lapsed leases are looked for every EXPIRY_CHECK_S. A busy worker parks
+    too: it is refused only while fewer tasks are pending than workers hold leases, and idle
+    workers, who ask at once when they run dry, take what is pending first."""
     accepted = dict.fromkeys(steps_of, 0)
     accepted_at: dict[str, tuple[int, float]] = {}
 
     heap: list[tuple[float, int, int, int, int]] = []
     seq = itertools.count()
-    push, pop = heapq.heappush, heapq.heappop
+    push = functools.partial(heapq.heappush, heap)
+    pop = functools.partial(heapq.heappop, heap)
 
     def schedule_poll(w: int, t: float) -> None:
         poll_token[w] += 1
@@ -229,6 +254,7 @@ def simulate_generation(
 
     def start(w: int, task_id: str, t: float) -> None:
         running[w] = task_id
+        run_started[w] = t
         run_token[w] += 1
         finish = t + seconds_of[task_id] * speed[w]
         push((finish + half_rtt[w], next(seq), REPORT, w, run_token[w]))
@@ -248,7 +274,8 @@ def simulate_generation(
     phase_end: list[float] = []
     totals = dict(duplicates=0, stale=0, rejected=0, backups_granted=0, backups_won=0,
                   reissued=0, workers_lost=0, deaths=0, deaths_holding=0, reports_withheld=0,
-                  cancelled=0, lease_calls=0)  # fmt: skip
+                  cancelled=0, lease_calls=0, granted_behind_stale=0)  # fmt: skip
+    wasted = 0.0
 
     def close_phase(t: float) -> None:
         tail = table.tail
@@ -262,7 +289,7 @@ def simulate_generation(
         phase_end.append(t)
 
     while heap:
-        t, _, kind, w, arg = pop(heap)
+        t, _, kind, w, arg = pop()
         if t > MAX_VIRTUAL_S:
             raise RuntimeError(f"generation still running at {t:.0f} s: {table!r}")
         if kind == POLL:
@@ -275,13 +302,17 @@ def simulate_generation(
             if table.expire(t):
                 wake_all(t)
             totals["lease_calls"] += 1
-            granted = table.lease(names[w], room, t)
+            # After: the master's fair share needs the fleet's size (every worker has called in).
+            granted = table.lease(names[w], room, t, fleet_size=len(names) if backups else 0)
             if not granted:
                 parked.add(w)
                 continue
             arrives = t + half_rtt[w]
             holding(w, arrives)
             ids = [task.task_id for task in granted]
+            ahead = inbox[w] if running[w] is None else [running[w], *inbox[w]]
+            if any(task_id not in table or accepted[task_id] for task_id in ahead):
+                totals["granted_behind_stale"] += len(ids)
             if running[w] is None:
                 start(w, ids.pop(0), arrives)
             inbox[w].extend(ids)
@@ -300,12 +331,14 @@ def simulate_generation(
             if outcome is Disposition.ACCEPTED:
                 accepted[task_id] += 1
                 accepted_at[task_id] = (w, t)
-            elif outcome is Disposition.DUPLICATE:
-                totals["duplicates"] += 1
-            elif outcome is Disposition.STALE:
-                totals["stale"] += 1  # a copy of a task of the phase before
             else:
-                totals["rejected"] += 1
+                wasted += seconds_of[task_id] * speed[w]
+                if outcome is Disposition.DUPLICATE:
+                    totals["duplicates"] += 1
+                elif outcome is Disposition.STALE:
+                    totals["stale"] += 1  # a copy of a task of the phase before
+                else:
+                    totals["rejected"] += 1
             if table.complete:
                 close_phase(t)
                 if phase == 1:
@@ -333,6 +366,7 @@ def simulate_generation(
             if dropped:
                 inbox[w] = [task_id for task_id in inbox[w] if task_id not in dropped]
                 if running[w] in dropped:
+                    wasted += t - run_started[w]
                     running[w] = None
                     run_token[w] += 1
                     totals["cancelled"] += 1
@@ -342,8 +376,19 @@ def simulate_generation(
                     schedule_poll(w, t + 2 * half_rtt[w])
             push((t + beat_s, next(seq), BEAT, w, 0))
         elif kind == DEATH:
-            busy = [i for i in range(workers) if alive[i] and running[i] is not None]
-            holders = busy or [i for i in range(workers) if alive[i] and inbox[i]]
+            # "needed": a death the phase has to recover from: the victim runs a task still
+            # needed (not a copy already recorded elsewhere, nor one of the phase before), else
+            # holds one. "any": every live worker alike, idle ones included.
+            holders: list[int] = []
+            if victim_model == NEEDED:
+                busy = [
+                    i for i in range(workers) if alive[i] and _needed(running[i], table, accepted)
+                ]
+                holders = busy or [
+                    i
+                    for i in range(workers)
+                    if alive[i] and any(_needed(task_id, table, accepted) for task_id in inbox[i])
+                ]
             pool = holders or [i for i in range(workers) if alive[i]]
             if not pool:
                 continue
@@ -352,7 +397,9 @@ def simulate_generation(
             died_at[victim] = t
             parked.discard(victim)
             totals["deaths"] += 1
-            totals["deaths_holding"] += bool(holders)
+            totals["deaths_holding"] += any(
+                _needed(task_id, table, accepted) for task_id in [running[victim], *inbox[victim]]
+            )
             if detect_s is not None:
                 push((t + detect_s, next(seq), GONE, victim, 0))
         elif kind == GONE:
@@ -375,6 +422,7 @@ def simulate_generation(
         accepted=sum(accepted.values()),
         exactly_once=all(count == 1 for count in accepted.values()),
         dead_accepted=dead_accepted,
+        wasted_s=wasted,
         **totals,
     )
 
@@ -472,9 +520,11 @@ def _aggregate(runs: list[Generation]) -> dict[str, Any]:
         "duplicates": round(mean("duplicates"), 1),
         "stale": round(mean("stale"), 1),
         "cancelled_by_heartbeat": round(mean("cancelled"), 1),
+        "wasted_worker_s": round(mean("wasted_s"), 1),
+        "granted_behind_stale": round(mean("granted_behind_stale"), 1),
         "lease_calls": round(mean("lease_calls")),
         "deaths": sum(g.deaths for g in runs),
-        "deaths_holding_a_task": sum(g.deaths_holding for g in runs),
+        "deaths_of_workers_holding_needed_tasks": sum(g.deaths_holding for g in runs),
         "tasks": sum(g.tasks for g in runs),
         "accepted": sum(g.accepted for g in runs),
         "accepted_exactly_once": all(g.exactly_once for g in runs),
@@ -494,25 +544,29 @@ def simulate(args: argparse.Namespace, pools: tuple[np.ndarray, np.ndarray]) -> 
         modes: list[tuple[str, bool, float | None]] = [("before", False, None)]
         modes += [("after", True, d) for d in args.detect_s]
         baseline: dict[str, dict] = {}
+        spans: dict[str, list[float]] = {}
         for deaths in args.deaths:
             for mode, backups, detect in modes:
                 if deaths == 0 and mode in baseline:
                     continue  # without deaths, detection cannot matter: one run per mode
-                # The span deaths fall in: this mode's mean generation without deaths.
-                span = baseline[mode]["generation_s"] if deaths else 0.0
                 runs = []
-                for seed in seeds:
+                for rep, seed in enumerate(seeds):
+                    # Deaths fall within the same generation (same seed and mode) run without
+                    # deaths: that run is this one up to the first death, so it always happens.
+                    span = spans[mode][rep] if deaths else 0.0
                     draws = random.Random(seed * 7 + deaths)
                     times = [draws.uniform(0, span) for _ in range(deaths)]
                     runs.append(simulate_generation(
                         workers, *pools, settings, backups=backups,
                         detect_s=detect if deaths else None, death_times=times, seed=seed,
+                        victim_model=args.victims,
                     ))  # fmt: skip
                 row = {"workers": workers, "deaths_per_generation": deaths, "mode": mode,
                        "detect_s": detect if deaths else None, "generations": len(runs),
                        **_aggregate(runs)}  # fmt: skip
                 if deaths == 0:
                     baseline[mode] = row
+                    spans[mode] = [g.seconds for g in runs]
                 row["vs_no_deaths"] = round(row["generation_s"] / baseline[mode]["generation_s"], 3)
                 rows.append(row)
                 print(_line(row), flush=True)
@@ -560,9 +614,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lease-s", type=float, default=60.0)
     parser.add_argument("--max-attempts", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--victims", choices=(NEEDED, ANY), default=NEEDED,
+                        help="who dies: a worker running a task still needed, or any")  # fmt: skip
     parser.add_argument("--episodes-file", default=str(EPISODES_FILE))
-    parser.add_argument("--record-episodes", type=int, default=0, metavar="N",
-                        help="play N offspring and N/4 elite episodes and write their lengths")
+    parser.add_argument(
+        "--record-episodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="play N offspring and N/4 elite episodes and write their lengths",
+    )
     parser.add_argument("--max-episode-steps", type=int, default=5000)
     parser.add_argument("--inference-dtype", default="int8-static")
     parser.add_argument("--json", default=None)
@@ -571,9 +632,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     today = datetime.date.today().isoformat()
 
     if args.record_episodes:
-        result = record_episodes(args.record_episodes, max(1, args.record_episodes // 4),
-                                 args.seed, args.max_episode_steps, args.inference_dtype)
-        result = {"command": command, "date": today, **result}  # fmt: skip
+        result = record_episodes(
+            args.record_episodes,
+            max(1, args.record_episodes // 4),
+            args.seed,
+            args.max_episode_steps,
+            args.inference_dtype,
+        )
+        result = {"command": command, "date": today, **result}
         for kind in ("offspring", "elite"):
             s = result[kind]
             print(f"{kind}: {s['episodes']} episodes, steps mean {s['mean']} median "
@@ -587,15 +653,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("--deaths must start with 0: it sets the span deaths are drawn in")
     played = json.loads(Path(args.episodes_file).read_text())
     pools = (np.array(played["offspring"]["steps"]), np.array(played["elite"]["steps"]))
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     print(_header())
     rows = simulate(args, pools)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     targets = _targets(rows)
     for check in targets:
         print(f"1,000 workers, 1 death, {check['mode']} (detect {check['detect_s']} s): "
               f"{check['vs_no_deaths']:.3f}x the generation without deaths")  # fmt: skip
-    print(f"simulated in {wall:.0f} s")
+    print(f"simulated in {wall:.0f} s ({cpu:.0f} s of CPU)")
     result = {
         "command": command,
         "date": today,
@@ -612,8 +678,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{SLOW_SHARE:.0%}",
             "round_trip_s": list(RTT_RANGE_S),
             "prefetch": PREFETCH,
-            "deaths": "uniform in the mode's mean generation without deaths; the victim runs "
-            "a task (else holds one, else any worker)",
+            "deaths": "uniform in the same generation run without deaths",
+            "victims": args.victims,
             "ideal": "per phase max(work / fleet capacity, longest episode on the fastest "
             "worker), summed over the two phases",
         },
@@ -625,6 +691,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "runs": rows,
         "target_1000_workers_1_death": targets,
         "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
     }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -181,9 +181,17 @@ class LeaseTable:
         return TailFigures(self.last_fresh_lease, self.backups_granted, self.backups_won,
                            self.workers_lost)  # fmt: skip
 
-    def lease(self, worker_id: str, max_tasks: int, now: float) -> list[PhaseTask]:
-        """Hands out up to max_tasks pending tasks; lapsed leases are re-issued first."""
+    def lease(
+        self, worker_id: str, max_tasks: int, now: float, fleet_size: int = 0
+    ) -> list[PhaseTask]:
+        """Hands out up to max_tasks pending tasks; lapsed leases are re-issued first.
+
+        `fleet_size`: the workers the master knows of (0: unknown). No worker takes more than
+        its share of what is pending: with as many workers as tasks, each gets one, none holds
+        a second behind its running one while another sits idle."""
         self.expire(now)
+        if fleet_size > 0:
+            max_tasks = min(max_tasks, max(1, -(-self._pending_count // fleet_size)))
         if self._held.get(worker_id) and self._pending_count < len(self._held):
             # Near the phase's end a task leased as a busy worker's prefetch would wait behind
             # its running one while another worker ran out of work and sat idle: once fewer
@@ -489,6 +497,9 @@ class LeaseTable:
         lease, record.backup = record.backup, None
         record.lease = lease
         self._leased.add(record.task.task_id)
+        # It may be backed up again (its new holder may die too); an old task, so it goes first.
+        self._unbacked[record.task.task_id] = None
+        self._unbacked.move_to_end(record.task.task_id, last=False)
 
     def _drop_backup(self, record: _Record) -> None:
         lease, record.backup = record.backup, None

@@ -36,6 +36,8 @@ ERROR_LOG_WINDOW_S = 60.0
 MAX_ATTACHED = 20_000
 """Workers whose presence (service.Attach) is watched at once; more are refused and fall back
 on their leases lapsing."""
+FLEET_SIZE_REFRESH_S = 1.0
+"""How often the fleet's size (for each worker's share of a phase's tasks) is counted again."""
 RUN_COMPLETE_GRACE_S = 10.0
 """After the run, how long past a worker's heartbeat interval the master keeps answering, so
 that busy or backing-off workers still hear the run is complete (worker.client paces
@@ -171,6 +173,7 @@ class Fleet:
         self._attached: dict[str, int] = {}
         """worker id -> the token of its live Attach call (the newest, if it reconnected)."""
         self._attach_tokens = itertools.count(1)
+        self._fleet_size_at, self._fleet_size_count = -float("inf"), 0
         self._error_log = _RateLimitedLog(ERROR_LOG_LINES, ERROR_LOG_WINDOW_S)
         self.reissued_total = 0
         self.frames_accepted = 0
@@ -262,7 +265,8 @@ class Fleet:
         self._seen(worker_id)
         if self._table is None:
             return []
-        granted = self._table.lease(worker_id, max_tasks, self._clock())
+        now = self._clock()
+        granted = self._table.lease(worker_id, max_tasks, now, self._fleet_size(now))
         self.roster.holding(worker_id, (task.task_id for task in granted))
         return granted
 
@@ -466,6 +470,13 @@ class Fleet:
     def _wake_if_complete(self) -> None:
         if self._table is not None and self._table.complete:
             self._phase_done.set()
+
+    def _fleet_size(self, now: float) -> int:
+        """Workers connected, counted at most once a second: counting walks the roster."""
+        if now - self._fleet_size_at >= FLEET_SIZE_REFRESH_S or now < self._fleet_size_at:
+            self._fleet_size_at = now
+            self._fleet_size_count = self.roster.connected(now, WORKER_SEEN_WINDOW_S)
+        return self._fleet_size_count
 
     def _seen(self, worker_id: str) -> None:
         self.roster.seen(worker_id, self._clock())

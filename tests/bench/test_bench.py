@@ -207,3 +207,32 @@ def test_replay_engines_at_a_tiny_size(tmp_path: Path, noise_cache: Path) -> Non
     # What onnxruntime does not serve ran on torch, and says so.
     assert result["engines"]["bfloat16/onnxruntime"] == ["torch"]
     assert result["engines"]["int8-static/onnxruntime"] == ["onnxruntime"]
+
+
+def test_fleet_simulation_at_a_tiny_size(tmp_path: Path) -> None:
+    """Virtual time: the figures depend on the seeds and the recorded episode lengths only,
+    not on how fast this machine runs."""
+    result = run_bench("fleet_sim.py", "--workers", "20", "--generations", "1",
+                       "--offspring", "50", "--elite", "2x5", out=tmp_path / "f.json")  # fmt: skip
+    rows = {(r["workers"], r["deaths_per_generation"], r["mode"], r["detect_s"]): r
+            for r in result["runs"]}  # fmt: skip
+    modes = [("before", None), ("after", 1.0), ("after", 20.0)]
+    expected = {(20, 0, "before", None), (20, 0, "after", None)}
+    expected |= {(20, deaths, mode, detect) for deaths in (1, 5) for mode, detect in modes}
+    assert set(rows) == expected
+    lease_s = result["settings"]["lease_s"]
+    for (_, deaths, mode, _), row in rows.items():
+        assert row["generation_s"] >= row["ideal_s"] > 0
+        assert row["generation_s"] == pytest.approx(row["offspring_s"] + row["elite_s"], abs=2e-3)
+        # Every task recorded exactly once; nothing came from a worker after its death.
+        assert row["tasks"] == row["accepted"] == 50 + 2 * 5 and row["accepted_exactly_once"]
+        assert row["accepted_from_dead_workers"] == 0 and row["rejected"] == 0
+        assert 1 <= row["deaths"] <= deaths or row["deaths"] == deaths == 0
+        if mode == "before":
+            assert row["backups_granted"] == 0
+        if deaths:
+            assert row["generation_s"] <= rows[(20, deaths, "before", None)]["generation_s"]
+    # Before: a dead worker's task comes back only when its lease lapses.
+    assert rows[(20, 1, "before", None)]["generation_s"] > lease_s
+    assert rows[(20, 1, "before", None)]["reissued"] >= 1
+    assert rows[(20, 0, "after", None)]["backups_granted"] > 0

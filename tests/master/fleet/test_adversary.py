@@ -174,7 +174,7 @@ async def holding_adversary(stub, training, tally: Counter, attack) -> None:
     deadline = time.monotonic() + RUN_S
     common = {"protocol_version": CURRENT, "worker_id": "mallory"}
     held: Counter = Counter()
-    for n in range(MAX_ROUNDS):
+    for _ in range(MAX_ROUNDS):
         if training.done() or time.monotonic() > deadline:
             return
         status = await stub.Status(pb.StatusRequest(), timeout=CALL_S, metadata=AUTH)
@@ -187,13 +187,15 @@ async def holding_adversary(stub, training, tally: Counter, attack) -> None:
         if not tasks:
             await asyncio.sleep(0.02)
             continue
+        # Attacks in turn, by the tasks it got (not the rounds: most find nothing to lease).
+        attempt = held.total()
         held[phase] += 1
-        request = pb.ReportRequest(**common, results=[attack(tasks[0], n)])
+        request = pb.ReportRequest(**common, results=[attack(tasks[0], attempt)])
         try:
             acks = (await stub.Report(request, timeout=CALL_S, metadata=AUTH)).acks
         except grpc.aio.AioRpcError as error:
             assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
-            tally[f"refused {n % 3}"] += 1
+            tally[f"refused {attempt % 3}"] += 1
             release = pb.ReleaseRequest(**common, task_ids=[tasks[0].task_id])
             await stub.Release(release, timeout=CALL_S, metadata=AUTH)
             continue

@@ -281,6 +281,25 @@ def test_a_gone_worker_s_task_not_yet_taken_comes_back_to_it_by_heartbeat():
     assert t.holder("k0/0") == "w1" and t.counters.pending == 0
 
 
+def test_a_backup_that_took_over_is_backed_up_again():
+    t = table(1)
+    t.lease("w1", 1, now=0.0)
+    assert ids(t.lease("w2", 1, now=1.0)) == ["k0/0"]  # the backup copy
+    t.worker_gone("w1")
+    assert (t.holder("k0/0"), t.backup_holder("k0/0")) == ("w2", None)
+    # Its new holder may die too: the next idle worker gets a copy, not an idle wait.
+    assert ids(t.lease("w3", 1, now=2.0)) == ["k0/0"] and t.backup_holder("k0/0") == "w3"
+
+
+def test_no_worker_takes_more_than_its_share_of_what_is_pending():
+    t = table(10)
+    # As many workers as tasks: one each, none queued behind a running one.
+    assert [len(t.lease(f"w{i}", 2, now=0.0, fleet_size=10)) for i in range(4)] == [1] * 4
+    # Six left for three workers: two each; an unknown fleet size leaves max_tasks alone.
+    assert len(t.lease("w4", 4, now=0.0, fleet_size=3)) == 2
+    assert len(t.lease("w5", 4, now=0.0)) == 4
+
+
 def test_a_backup_takes_over_when_the_first_holder_is_gone_fails_or_hands_back():
     for end in ("gone", "fail", "release", "lapse"):
         t = table(1, max_attempts=3)
@@ -360,9 +379,14 @@ class LeaseMachine(RuleBasedStateMachine):
         else:
             assert disposition is Disposition.DUPLICATE
 
-    @rule(worker=WORKERS, n=st.integers(0, 4))
-    def lease(self, worker, n):
-        for task in self.table.lease(worker, n, self.now):
+    @rule(worker=WORKERS, n=st.integers(0, 4), fleet=st.integers(0, 5))
+    def lease(self, worker, n, fleet):
+        self.table.expire(self.now)  # what lease() does first, so `pending` is what it sees
+        pending = self.table.counters.pending
+        granted = self.table.lease(worker, n, self.now, fleet_size=fleet)
+        if fleet:  # never more than its share of what was pending (a backup copy: one)
+            assert len(granted) <= max(1, -(-pending // fleet))
+        for task in granted:
             # Its lease, or a backup copy of another worker's running task.
             backup = self.table.backup_holder(task.task_id) == worker
             assert self.table.holder(task.task_id) == worker or backup

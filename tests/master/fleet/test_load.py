@@ -157,7 +157,11 @@ def test_hundreds_of_workers_lose_no_lease(tmp_path, record_property, capsys):
     assert status.evaluations == PER_GENERATION * GENERATIONS
     # A task a worker died holding comes back only when its lease lapses.
     reissued = sum(r.leases_reissued for r in records)
-    assert status.leases_reissued == reissued >= len(tally.abandoned) > 0
+    # A task a worker died holding was leased again once its lease lapsed, or its backup copy
+    # (leased to an idle worker at the phase's end) was recorded first.
+    won = sum(r.backup_wins for r in records)
+    assert status.leases_reissued == reissued
+    assert reissued + won >= len(tally.abandoned) > 0
 
     p50, p99 = (statistics.quantiles(tally.lease_s, n=100)[i] * 1000 for i in (49, 98))
     # Lapsed leases hold each phase up for LEASE_S, so this is not the master's capacity.

@@ -208,9 +208,10 @@ def test_a_failure_counts_once_per_lease_and_only_from_its_holder() -> None:
 
 def test_heartbeat_never_hands_out_a_task_the_caller_did_not_hold() -> None:
     async def scenario(fleet: Fleet, clock: Clock) -> None:
-        assert fleet.heartbeat("intruder", ["k0/0", "k1/0"]) == ["k0/0", "k1/0"]
-        assert fleet.counters().leased == 0
         [released, failing, lapsing] = fleet.lease("w", 3)
+        # A heartbeat neither takes a pending task (k3) nor another worker's (k0).
+        assert fleet.heartbeat("intruder", ["k3/0", "k0/0"]) == ["k3/0", "k0/0"]
+        assert fleet.counters().leased == 3 and fleet._table.holder("k0/0") == "w"
         fleet.release("w", [released.task_id])
         fleet.report_many("w", [failed(failing.task_id)])
         clock.now = LEASE_S + 1
@@ -218,7 +219,8 @@ def test_heartbeat_never_hands_out_a_task_the_caller_did_not_hold() -> None:
         # Only the worker whose lease just lapsed may take its task back (it is still on it).
         dropped = fleet.heartbeat("w", [released.task_id, failing.task_id, lapsing.task_id])
         assert dropped == [released.task_id, failing.task_id]
-        honest = sorted(t.task_id for t in fleet.lease("honest", 8))
+        # Three tasks for three newcomers among five workers: one each, none of them k2.
+        honest = sorted(t.task_id for i in range(3) for t in fleet.lease(f"honest{i}", 8))
         assert lapsing.task_id == "k2/0" and honest == ["k0/0", "k1/0", "k3/0"]
 
     run_phase(scenario, tasks=4)
