@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -173,6 +174,8 @@ class Fleet:
         self._attached: dict[str, int] = {}
         """worker id -> the token of its live Attach call (the newest, if it reconnected)."""
         self._attach_tokens = itertools.count(1)
+        self._askers: OrderedDict[str, float] = OrderedDict()
+        """When each worker last asked for work, most recent last (at most MAX_ATTACHED)."""
         self._fleet_size_at, self._fleet_size_count = -float("inf"), 0
         self._error_log = _RateLimitedLog(ERROR_LOG_LINES, ERROR_LOG_WINDOW_S)
         self.reissued_total = 0
@@ -266,6 +269,10 @@ class Fleet:
         if self._table is None:
             return []
         now = self._clock()
+        self._askers[worker_id] = now
+        self._askers.move_to_end(worker_id)
+        if len(self._askers) > MAX_ATTACHED:
+            self._askers.popitem(last=False)
         granted = self._table.lease(worker_id, max_tasks, now, self._fleet_size(now))
         self.roster.holding(worker_id, (task.task_id for task in granted))
         return granted
@@ -472,10 +479,14 @@ class Fleet:
             self._phase_done.set()
 
     def _fleet_size(self, now: float) -> int:
-        """Workers connected, counted at most once a second: counting walks the roster."""
+        """Workers that asked for work in the last WORKER_SEEN_WINDOW_S seconds (those that
+        share a phase's tasks; a worker that only watches or reports is not one), counted at
+        most once a second."""
         if now - self._fleet_size_at >= FLEET_SIZE_REFRESH_S or now < self._fleet_size_at:
-            self._fleet_size_at = now
-            self._fleet_size_count = self.roster.connected(now, WORKER_SEEN_WINDOW_S)
+            self._fleet_size_at, horizon = now, now - WORKER_SEEN_WINDOW_S
+            while self._askers and next(iter(self._askers.values())) < horizon:
+                self._askers.popitem(last=False)
+            self._fleet_size_count = len(self._askers)
         return self._fleet_size_count
 
     def _seen(self, worker_id: str) -> None:
