@@ -28,8 +28,9 @@ elite phase of 10 candidates x 30 one-episode tasks, started when the offspring 
 - "before": LeaseTable(backups=False) and no worker_gone: a dead worker's tasks come back only
   when their lease lapses (--lease-s, 60 s), and an idle worker may take 2 fresh tasks however
   few are left. "after": backups on, each worker's fair share of what is pending (the lease's
-  fleet_size), and worker_gone() called --detect-s after the death (1 s: a killed process
-  closes its presence call; 20 s: a vanished host, found by the presence keepalive).
+  fleet_size), a big fleet's idle workers asking again after W / IDLE_POLLS_PER_S seconds
+  (Fleet.retry_after_ms), and worker_gone() called --detect-s after the death (1 s: a killed
+  process closes its presence call; 20 s: a vanished host, found by the presence keepalive).
 - The ideal generation is a lower bound no schedule could beat, summed over the two phases (the
   elite phase cannot start before the offspring phase ends): per phase, the larger of its work
   spread over the whole fleet's capacity (sum of steps x step time / sum of 1/speed) and its
@@ -76,7 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from master.algorithms.base import EvaluationRequest
 from master.fleet.leases import Disposition, LeaseTable, PhaseTask
-from master.fleet.scheduler import FleetSettings, split_into_tasks
+from master.fleet.scheduler import IDLE_POLLS_PER_S, FleetSettings, split_into_tasks
 from neuro.genome import Genome
 
 REPO = Path(__file__).resolve().parent.parent
@@ -190,6 +191,8 @@ def simulate_generation(
     fleet = FleetSettings(f"sim-{seed}", seed, lease_seconds=settings.lease_s,
                           max_attempts=settings.max_attempts, episodes_per_task=1)  # fmt: skip
     retry_s = fleet.retry_after_ms / 1000.0
+    if backups:  # after: the master spreads a big fleet's empty polls (Fleet.retry_after_ms)
+        retry_s = max(retry_s, workers / IDLE_POLLS_PER_S)
     beat_s = settings.lease_s / 4
     genome = Genome((seed % 2**32,))
     # The GA's own request keys (g<generation>/o/<i>, g<generation>/e/<i>), cut into tasks as

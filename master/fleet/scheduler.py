@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import itertools
 import logging
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,6 +38,11 @@ ERROR_LOG_WINDOW_S = 60.0
 MAX_ATTACHED = 20_000
 """Workers whose presence (service.Attach) is watched at once; more are refused and fall back
 on their leases lapsing."""
+IDLE_POLLS_PER_S = 2000.0
+"""Empty Lease calls a whole fleet makes per second, about: a worker that got nothing waits
+longer the bigger the fleet (10,000 workers: 5 s each, jittered), so that idle workers at a
+phase's end do not swamp the master's one core, while enough of them still call each second
+that new tasks and backup copies go out at once."""
 FLEET_SIZE_REFRESH_S = 1.0
 """How often the fleet's size (for each worker's share of a phase's tasks) is counted again."""
 RUN_COMPLETE_GRACE_S = 10.0
@@ -177,6 +183,7 @@ class Fleet:
         self._askers: OrderedDict[str, float] = OrderedDict()
         """When each worker last asked for work, most recent last (at most MAX_ATTACHED)."""
         self._fleet_size_at, self._fleet_size_count = -float("inf"), 0
+        self._jitter = random.Random()
         self._error_log = _RateLimitedLog(ERROR_LOG_LINES, ERROR_LOG_WINDOW_S)
         self.reissued_total = 0
         self.frames_accepted = 0
@@ -477,6 +484,15 @@ class Fleet:
     def _wake_if_complete(self) -> None:
         if self._table is not None and self._table.complete:
             self._phase_done.set()
+
+    def retry_after_ms(self) -> int:
+        """How long a worker that got no task waits before it asks again."""
+        base = self.settings.retry_after_ms
+        spread = self._fleet_size_count * 1000.0 / IDLE_POLLS_PER_S
+        if spread <= base:
+            return base
+        # Jittered: the fleet's polls spread evenly over time, not in waves.
+        return int(spread * self._jitter.uniform(0.5, 1.5))
 
     def _fleet_size(self, now: float) -> int:
         """Workers that asked for work in the last WORKER_SEEN_WINDOW_S seconds (those that

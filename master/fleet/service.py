@@ -133,9 +133,7 @@ class EvolutionService(pb_grpc.EvolutionServicer):
             return pb.LeaseResponse(retry_after_ms=5000, run_id=run_id)
         granted = self._fleet.lease(request.worker_id, request.max_tasks)
         if not granted:
-            return pb.LeaseResponse(
-                retry_after_ms=self._fleet.settings.retry_after_ms, run_id=run_id
-            )
+            return pb.LeaseResponse(retry_after_ms=self._fleet.retry_after_ms(), run_id=run_id)
         response = pb.LeaseResponse(run_id=run_id)
         self._template.add_tasks(response, granted)
         return response

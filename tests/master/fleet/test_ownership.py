@@ -21,7 +21,13 @@ import pytest
 from master.algorithms.ga import EvaluationRequest, Genome
 from master.fleet.leases import Disposition
 from master.fleet.roster import WorkerRoster
-from master.fleet.scheduler import Fleet, FleetSettings, PhaseOutcome, TaskOutcome
+from master.fleet.scheduler import (
+    IDLE_POLLS_PER_S,
+    Fleet,
+    FleetSettings,
+    PhaseOutcome,
+    TaskOutcome,
+)
 from master.observe.status import format_status
 from neuro.observation_stats import ObservationStats
 from neuro.v1 import evolution_pb2 as pb
@@ -216,6 +222,26 @@ def test_a_share_of_the_pending_tasks_counts_the_workers_that_ask_for_work() -> 
         assert len(fleet.lease("b", 4)) == 2  # four left, two workers asking: two each
 
     run_phase(scenario, tasks=8)
+
+
+def test_idle_workers_of_a_big_fleet_wait_longer_so_the_fleet_polls_at_a_bounded_rate() -> None:
+    waits: dict[int, list[int]] = {}
+
+    async def scenario(fleet: Fleet, clock: Clock) -> None:
+        for size in (2, 4000, 20000):
+            for i in range(size):
+                fleet.lease(f"w{i}", 1)  # all but the first get nothing
+            clock.now += 2  # counted again
+            fleet.lease("w0", 1)
+            waits[size] = [fleet.retry_after_ms() for _ in range(200)]
+
+    run_phase(scenario, tasks=1)
+    assert set(waits[2]) == {200}  # a small fleet: the configured wait, as before
+    for size in (4000, 20000):
+        mean_s = sum(waits[size]) / len(waits[size]) / 1000
+        # About IDLE_POLLS_PER_S calls a second over the fleet, jittered (not all alike).
+        assert size / mean_s == pytest.approx(IDLE_POLLS_PER_S, rel=0.15)
+        assert len(set(waits[size])) > 50
 
 
 def test_heartbeat_never_hands_out_a_task_the_caller_did_not_hold() -> None:
