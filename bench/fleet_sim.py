@@ -28,7 +28,7 @@ elite phase of 10 candidates x 30 one-episode tasks, started when the offspring 
 - "before": LeaseTable(backups=False) and no worker_gone: a dead worker's tasks come back only
   when their lease lapses (--lease-s, 60 s), and an idle worker may take 2 fresh tasks however
   few are left. "after": backups on, each worker's fair share of what is pending (the lease's
-  fleet_size), a big fleet's idle workers asking again after W / IDLE_POLLS_PER_S seconds
+  fleet_slots), a big fleet's idle workers asking again after W / IDLE_POLLS_PER_S seconds
   (Fleet.retry_after_ms), and worker_gone() called --detect-s after the death (1 s: a killed
   process closes its presence call; 20 s: a vanished host, found by the presence keepalive).
 - The ideal generation is a lower bound no schedule could beat, summed over the two phases (the
@@ -229,6 +229,8 @@ def simulate_generation(
     inbox: list[list[str]] = [[] for _ in range(workers)]
     poll_token = [0] * workers
     beating = [False] * workers
+    last_ask = [0] * workers
+    slots = 0
     parked: set[int] = set(range(workers))
     """Workers whose last lease came back empty. A real one asks again every retry_s; for an
     idle worker the answer stays empty (and changes nothing but expiring lapsed leases) until
@@ -305,8 +307,11 @@ def simulate_generation(
             if table.expire(t):
                 wake_all(t)
             totals["lease_calls"] += 1
-            # After: the master's fair share needs the fleet's size (every worker has called in).
-            granted = table.lease(names[w], room, t, fleet_size=len(names) if backups else 0)
+            # After: the master's fair share needs what the fleet asks for together (each
+            # worker's last ask; the master counts it once a second).
+            slots += room - last_ask[w]
+            last_ask[w] = room
+            granted = table.lease(names[w], room, t, fleet_slots=slots if backups else 0)
             if not granted:
                 parked.add(w)
                 continue

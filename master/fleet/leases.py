@@ -182,16 +182,19 @@ class LeaseTable:
                            self.workers_lost)  # fmt: skip
 
     def lease(
-        self, worker_id: str, max_tasks: int, now: float, fleet_size: int = 0
+        self, worker_id: str, max_tasks: int, now: float, fleet_slots: int = 0
     ) -> list[PhaseTask]:
         """Hands out up to max_tasks pending tasks; lapsed leases are re-issued first.
 
-        `fleet_size`: the workers the master knows of (0: unknown). No worker takes more than
-        its share of what is pending: with as many workers as tasks, each gets one, none holds
-        a second behind its running one while another sits idle."""
+        `fleet_slots`: how many tasks the workers asking for work ask for together (0:
+        unknown). No worker takes more than its share of what is pending, in proportion to what
+        it asks for: with as many one-task workers as tasks, each gets one and none holds a
+        second behind its running one while another sits idle; a GPU host that asks for 256
+        among CPU workers that ask for 2 still gets its 256."""
         self.expire(now)
-        if fleet_size > 0:
-            max_tasks = min(max_tasks, max(1, -(-self._pending_count // fleet_size)))
+        if fleet_slots > 0:
+            share = -(-self._pending_count * max_tasks // max(fleet_slots, max_tasks))
+            max_tasks = min(max_tasks, max(1, share))
         if self._held.get(worker_id) and self._pending_count < len(self._held):
             # Near the phase's end a task leased as a busy worker's prefetch would wait behind
             # its running one while another worker ran out of work and sat idle: once fewer

@@ -180,9 +180,10 @@ class Fleet:
         self._attached: dict[str, int] = {}
         """worker id -> the token of its live Attach call (the newest, if it reconnected)."""
         self._attach_tokens = itertools.count(1)
-        self._askers: OrderedDict[str, float] = OrderedDict()
-        """When each worker last asked for work, most recent last (at most MAX_ATTACHED)."""
-        self._fleet_size_at, self._fleet_size_count = -float("inf"), 0
+        self._askers: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        """When each worker last asked for work and for how many tasks, most recent last (at
+        most MAX_ATTACHED)."""
+        self._fleet_size_at, self._fleet_size_count, self._fleet_slots = -float("inf"), 0, 0
         self._jitter = random.Random()
         self._error_log = _RateLimitedLog(ERROR_LOG_LINES, ERROR_LOG_WINDOW_S)
         self.reissued_total = 0
@@ -276,11 +277,12 @@ class Fleet:
         if self._table is None:
             return []
         now = self._clock()
-        self._askers[worker_id] = now
+        self._askers[worker_id] = (now, max_tasks)
         self._askers.move_to_end(worker_id)
         if len(self._askers) > MAX_ATTACHED:
             self._askers.popitem(last=False)
-        granted = self._table.lease(worker_id, max_tasks, now, self._fleet_size(now))
+        self._count_fleet(now)
+        granted = self._table.lease(worker_id, max_tasks, now, self._fleet_slots)
         self.roster.holding(worker_id, (task.task_id for task in granted))
         return granted
 
@@ -494,16 +496,16 @@ class Fleet:
         # Jittered: the fleet's polls spread evenly over time, not in waves.
         return int(spread * self._jitter.uniform(0.5, 1.5))
 
-    def _fleet_size(self, now: float) -> int:
-        """Workers that asked for work in the last WORKER_SEEN_WINDOW_S seconds (those that
-        share a phase's tasks; a worker that only watches or reports is not one), counted at
-        most once a second."""
+    def _count_fleet(self, now: float) -> None:
+        """The workers that asked for work in the last WORKER_SEEN_WINDOW_S seconds (those that
+        share a phase's tasks; a worker that only watches or reports is not one) and the tasks
+        they ask for together, counted at most once a second."""
         if now - self._fleet_size_at >= FLEET_SIZE_REFRESH_S or now < self._fleet_size_at:
             self._fleet_size_at, horizon = now, now - WORKER_SEEN_WINDOW_S
-            while self._askers and next(iter(self._askers.values())) < horizon:
+            while self._askers and next(iter(self._askers.values()))[0] < horizon:
                 self._askers.popitem(last=False)
             self._fleet_size_count = len(self._askers)
-        return self._fleet_size_count
+            self._fleet_slots = sum(slots for _, slots in self._askers.values())
 
     def _seen(self, worker_id: str) -> None:
         self.roster.seen(worker_id, self._clock())

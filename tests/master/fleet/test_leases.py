@@ -294,9 +294,14 @@ def test_a_backup_that_took_over_is_backed_up_again():
 def test_no_worker_takes_more_than_its_share_of_what_is_pending():
     t = table(10)
     # As many workers as tasks: one each, none queued behind a running one.
-    assert [len(t.lease(f"w{i}", 2, now=0.0, fleet_size=10)) for i in range(4)] == [1] * 4
-    # Six left for three workers: two each; an unknown fleet size leaves max_tasks alone.
-    assert len(t.lease("w4", 4, now=0.0, fleet_size=3)) == 2
+    # Ten workers that ask for two each: one each.
+    assert [len(t.lease(f"w{i}", 2, now=0.0, fleet_slots=20)) for i in range(4)] == [1] * 4
+    # Six left, three workers asking for four each: two each; unknown slots leave max_tasks.
+    assert len(t.lease("w4", 4, now=0.0, fleet_slots=12)) == 2
+    # A big worker among small ones: its share follows what it asks for.
+    t = table(100)
+    assert len(t.lease("gpu", 64, now=0.0, fleet_slots=64 + 30 * 2)) == 52
+    assert len(t.lease("cpu", 2, now=0.0, fleet_slots=64 + 30 * 2)) == 1
     assert len(t.lease("w5", 4, now=0.0)) == 4
 
 
@@ -379,13 +384,13 @@ class LeaseMachine(RuleBasedStateMachine):
         else:
             assert disposition is Disposition.DUPLICATE
 
-    @rule(worker=WORKERS, n=st.integers(0, 4), fleet=st.integers(0, 5))
+    @rule(worker=WORKERS, n=st.integers(0, 4), fleet=st.integers(0, 12))
     def lease(self, worker, n, fleet):
         self.table.expire(self.now)  # what lease() does first, so `pending` is what it sees
         pending = self.table.counters.pending
-        granted = self.table.lease(worker, n, self.now, fleet_size=fleet)
+        granted = self.table.lease(worker, n, self.now, fleet_slots=fleet)
         if fleet:  # never more than its share of what was pending (a backup copy: one)
-            assert len(granted) <= max(1, -(-pending // fleet))
+            assert len(granted) <= max(1, -(-pending * n // max(fleet, n)))
         for task in granted:
             # Its lease, or a backup copy of another worker's running task.
             backup = self.table.backup_holder(task.task_id) == worker
