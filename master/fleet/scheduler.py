@@ -38,9 +38,9 @@ ERROR_LOG_WINDOW_S = 60.0
 MAX_ATTACHED = 20_000
 """Workers whose presence (service.Attach) is watched at once; more are refused and fall back
 on their leases lapsing."""
-IDLE_POLLS_PER_S = 2000.0
+IDLE_POLLS_PER_S = 1000.0
 """Empty Lease calls a whole fleet makes per second, about: a worker that got nothing waits
-longer the bigger the fleet (10,000 workers: 5 s each, jittered), so that idle workers at a
+longer the bigger the fleet (10,000 workers: 10 s each, jittered), so that idle workers at a
 phase's end do not swamp the master's one core, while enough of them still call each second
 that new tasks and backup copies go out at once."""
 FLEET_SIZE_REFRESH_S = 1.0
