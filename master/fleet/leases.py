@@ -79,9 +79,10 @@ class _Record:
     queued: int = 0
     """Ticket of this task's live entry in the pending queue; 0 when it is not queued."""
     holders: tuple[str, ...] = ()
-    """Workers it was leased to this phase and did not hand back: whose results count. At
-    most max_attempts, since only a lapse or a failure (each an attempt) re-queues a task
-    without taking its holder off."""
+    """Workers it was leased to this phase and did not hand back: whose results count. One is
+    added by a lease after a lapse, a failure (each an attempt: at most max_attempts) or a gone
+    worker, and by a backup copy (one at a time, a new one only once a copy took over or was
+    dropped), so they stay few."""
     lapsed_from: str | None = None
     """The worker whose lease just lapsed, while the task waits to be leased again: a
     heartbeat from it takes the task back rather than have it run twice."""
