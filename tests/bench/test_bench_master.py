@@ -38,3 +38,18 @@ def test_benchmark_reports_results_for_master_and_echo(tmp_path):
     assert cells["master"]["generations"] >= 1
     # Every idle worker stayed watched through the window; the echo has no Attach.
     assert (cells["master"]["attached"], cells["echo"]["attached"]) == (5, 0)
+
+
+def test_fleet_load_runs_a_whole_fleet_s_calls_against_the_master(tmp_path):
+    out = tmp_path / "fleet.json"
+    command = [sys.executable, "bench/master_fleet_load.py", "--workers", "30",
+               "--client-procs", "1", "--seconds", "4", "--warmup", "2",
+               "--json", str(out)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=worker_env(), capture_output=True, timeout=180)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["workers"] == 30 and row["present_at_end"] == 30  # every presence held
+    assert row["calls_per_s"]["lease"] > 0 and row["calls_per_s"]["report"] > 0
+    assert row["results_per_s"] > 0 and 0 < row["server_cpu_per_wall"] <= 1.05
+    # Only the holder's results count: a simulated worker reports only what it still holds.
+    assert set(row["acks"]) <= {"RESULT_DISPOSITION_ACCEPTED", "RESULT_DISPOSITION_DUPLICATE"}
