@@ -35,5 +35,5 @@ def test_the_service_is_versioned() -> None:
     assert pb.DESCRIPTOR.package == "neuro.v1"
     assert pb.PROTOCOL_VERSION_CURRENT == 1
     assert set(pb.DESCRIPTOR.services_by_name["Evolution"].methods_by_name) == {
-        "Lease", "Report", "Heartbeat", "Release", "Status", "FetchParameters"
+        "Lease", "Report", "Heartbeat", "Release", "Status", "FetchParameters", "Attach"
     }  # fmt: skip
