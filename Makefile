@@ -28,7 +28,7 @@ train: install
 	$(BIN)/neuro-master --env $(ENV) --local-workers $(WORKERS) $(TRAIN_ARGS)
 
 test: lint deploy-lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 # The inner loop: lint and every test not marked slow (about a minute on 2 cores).
 test-fast: lint
