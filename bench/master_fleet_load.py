@@ -1,7 +1,8 @@
 """The master under a whole fleet's traffic: N simulated workers that hold a presence call,
 lease, heartbeat and report as worker/client.py does, each "playing" episodes whose lengths are
 drawn from real Frostbite play, against the real master (population 1000, elite 10 x 30)
-pinned to one core. Prints the calls a second by kind, the master's CPU per wall second, the
+pinned to one core. Prints the calls a second by kind, the master's CPU per wall second and
+the busiest client process's (near 1.0: the simulated fleet, not the master, set the pace), the
 results accepted, generations done and the lease latency over the window.
 
     python bench/master_fleet_load.py --workers 10000 --client-procs 12 --seconds 60
@@ -161,6 +162,7 @@ def clients_process(conn, port: int, server_pid: int, names: list[str], load: Lo
         for label, moment in (("start", window[0]), ("end", window[1])):
             await asyncio.sleep(max(0.0, moment - time.monotonic()))
             out[f"server_cpu_{label}"] = mc._cpu_seconds(server_pid)
+            out[f"client_cpu_{label}"] = mc._cpu_seconds(os.getpid())
             if first:
                 out[f"status_{label}"] = await _status(port)
         return out
@@ -238,6 +240,10 @@ def _summary(load: Load, tallies: list[dict[str, Any]]) -> dict[str, Any]:
         "server_cpu_per_wall": round(
             (first["server_cpu_end"] - first["server_cpu_start"]) / load.seconds, 3
         ),
+        # Near 1.0 per client process means the simulated fleet, not the master, set the pace.
+        "client_cpu_per_wall": round(
+            max(t["client_cpu_end"] - t["client_cpu_start"] for t in tallies) / load.seconds, 3
+        ),
         "lease_p50_ms": pct(0.5),
         "lease_p99_ms": pct(0.99),
         "present_at_end": sum(t["present_at_end"] for t in tallies),
@@ -266,6 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"({', '.join(f'{k} {v:,.0f}' for k, v in row['calls_per_s'].items())})  "
             f"{row['results_per_s']:,.0f} results/s  {row['generations']} generations  "
             f"master cpu/wall {row['server_cpu_per_wall']:.2f}  "
+            f"busiest client process cpu/wall {row['client_cpu_per_wall']:.2f}  "
             f"lease p99 {row['lease_p99_ms']} ms  present {row['present_at_end']}",
             flush=True,
         )

@@ -247,6 +247,9 @@ class EvolutionService(pb_grpc.EvolutionServicer):
                         await self._fleet.until_complete()
                 except TimeoutError:
                     yield pb.AttachUpdate()
+            # Marked before the send: a worker that hears it here may leave without calling
+            # again, and the master's linger would otherwise wait its whole grace for it.
+            self._fleet.tell_complete(request.worker_id)
             yield pb.AttachUpdate(run_complete=True)
         finally:
             # The worker's connection closed (grpc cancels this call), or the run is over.

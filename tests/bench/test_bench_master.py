@@ -51,5 +51,6 @@ def test_fleet_load_runs_a_whole_fleet_s_calls_against_the_master(tmp_path):
     assert row["workers"] == 30 and row["present_at_end"] == 30  # every presence held
     assert row["calls_per_s"]["lease"] > 0 and row["calls_per_s"]["report"] > 0
     assert row["results_per_s"] > 0 and 0 < row["server_cpu_per_wall"] <= 1.05
+    assert 0 < row["client_cpu_per_wall"] <= 1.05
     # Only the holder's results count: a simulated worker reports only what it still holds.
     assert set(row["acks"]) <= {"RESULT_DISPOSITION_ACCEPTED", "RESULT_DISPOSITION_DUPLICATE"}

@@ -1,4 +1,5 @@
-"""A fleet's presence calls against a real master: a burst of thousands is watched whole."""
+"""A fleet's presence calls against a real master: a burst of thousands is watched whole, and a
+worker told over its presence call that the run is over holds up nobody's exit."""
 
 from __future__ import annotations
 
@@ -64,3 +65,25 @@ def test_a_fleet_that_attaches_at_once_is_watched_whole_and_let_go_whole(tmp_pat
     ended, attached, left = asyncio.run(_burst(tmp_path, count))
     assert (ended, attached) == (0, count)  # not one call cancelled, every worker watched
     assert left == 0  # each closed call ends that worker's presence
+
+
+async def _told_over_presence(tmp_path) -> bool:
+    async with live_master(tiny_cartpole(), tmp_path / "run", train=False) as live:
+        fleet = live.trainer.fleet
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{live.port}") as channel:
+            call = pb_grpc.EvolutionStub(channel).Attach(_request(0))
+            await asyncio.wait_for(call.initial_metadata(), 10)
+            fleet.run_complete = True
+            update = await asyncio.wait_for(call.read(), 10)
+            assert update.run_complete
+            # The worker may leave now without another call; the master's linger (which
+            # waits for workers seen lately and not yet told) must not wait for it.
+            try:
+                await asyncio.wait_for(fleet.linger(poll_s=0.01), 2.0)
+            except TimeoutError:
+                return False
+            return True
+
+
+def test_a_worker_told_over_its_presence_call_is_not_waited_for(tmp_path):
+    assert asyncio.run(_told_over_presence(tmp_path)), "linger waited for a worker already told"
