@@ -42,6 +42,9 @@ within about 20 s, and its Attach call ends. A busy worker answers: gRPC's own t
 PRESENCE_OPTIONS = (
     ("grpc.keepalive_time_ms", int(PRESENCE_PING_S * 1000)),
     ("grpc.keepalive_timeout_ms", int(PRESENCE_PING_TIMEOUT_S * 1000)),
+    # What actually closes an unanswered connection: every ping's own timeout (60 s by
+    # default); the keepalive timeout above is not armed for these pings.
+    ("grpc.http2.ping_timeout_ms", int(PRESENCE_PING_TIMEOUT_S * 1000)),
     # Keep pinging a connection over which only the Attach call's rare updates travel.
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),

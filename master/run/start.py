@@ -136,11 +136,10 @@ async def start_master(
     # An explicit cap (gRPC's default): a bigger message gets RESOURCE_EXHAUSTED. No
     # SO_REUSEPORT (gRPC sets it by default): a second master on this port must fail to bind,
     # not share the port and answer half of this run's workers with its own.
-    server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-                 ("grpc.so_reuseport", 0), *PRESENCE_OPTIONS, *options],
-        interceptors=interceptors,
-    )  # fmt: skip
+    # One entry per key, the caller's last: gRPC takes the first of duplicated keys.
+    server_options = dict([("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                           ("grpc.so_reuseport", 0), *PRESENCE_OPTIONS, *options])  # fmt: skip
+    server = grpc.aio.server(options=list(server_options.items()), interceptors=interceptors)
     # Not the generated add_EvolutionServicer_to_server: unparsable bytes get INVALID_ARGUMENT.
     template = task_template(config, parameters, trainer.fleet.settings.behaviour_size)
     service = EvolutionService(trainer.fleet, template, trainer.snapshot)

@@ -88,6 +88,7 @@ async def live_master(
     tls: tuple[bytes, bytes] | None = None,
     resume: dict[str, Any] | None = None,
     checkpoint_seconds: float = 30.0,
+    options: tuple[tuple[str, Any], ...] = (),
 ) -> AsyncIterator[LiveMaster]:
     """Starts a master on 127.0.0.1 (port 0: a free one), training unless `train` is False.
 
@@ -96,7 +97,7 @@ async def live_master(
     """
     master = await start_master(config, run_dir, port=port, out=None, resume=resume,
                                 checkpoint_seconds=checkpoint_seconds, token=token,
-                                tls=tls)  # fmt: skip
+                                tls=tls, options=options)  # fmt: skip
     live = LiveMaster(master, Path(run_dir))
     if train:
         live.start_training()
