@@ -22,6 +22,7 @@ from neuro.inference import ARCHITECTURES, INFERENCE_DTYPES, check_combination
 from neuro.layout import ATARI_SHAPE, check_parameter_count, parameter_count, parameter_layout
 from neuro.noise import MAX_NOISE_TABLE_SIZE, PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
 from neuro.runfiles import GENOME_FORMAT
+from neuro.task_limits import MAX_EPISODE_STEPS, MAX_EPISODES_PER_TASK
 
 __all__ = [
     "ALGORITHMS",
@@ -73,8 +74,9 @@ _SETTING_CHECKS: dict[str, Callable[[Any], str | None]] = {
     # A uint32 on the wire; the noise table's own bounds (neuro.noise.NoiseTableSpec).
     "noise_table_seed": _int_in(0, _UINT32_MAX),
     "noise_table_size": _int_in(1, MAX_NOISE_TABLE_SIZE),
-    "max_episode_steps": _int_in(0, _UINT32_MAX),
-    "episodes_per_task": _int_in(1, _UINT32_MAX),
+    # What a worker accepts (neuro.task_limits): a run no worker would play never starts.
+    "max_episode_steps": _int_in(0, MAX_EPISODE_STEPS),
+    "episodes_per_task": _int_in(1, MAX_EPISODES_PER_TASK),
 }
 """Bounds of RunConfig's own scalar settings: checked by RunConfig (so a checkpoint's config is
 held to them too) and by the command line's flags, each alone, at parse time."""
@@ -148,6 +150,11 @@ class RunConfig:
         if self.es is not None and self.es.observation_norm and self.algorithm != "es":
             # NS-ES's members would need a normaliser each; only plain ES keeps one.
             raise ValueError(f"observation_norm is an --algo es setting, not {self.algorithm}'s")
+        if self.es is not None and self.es.observation_norm and self.atari:
+            # Checked here, not when the algorithm is built: the command line then says so.
+            raise ValueError(
+                f"observation_norm is for vector observations, not Atari frames ({self.env_id})"
+            )
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"architecture {self.architecture!r} is not one of {ARCHITECTURES}")
         if self.atari_dynamics not in ATARI_DYNAMICS:

@@ -18,6 +18,7 @@ from neuro.layout import (
     parameter_layout,
 )
 from neuro.observation_stats import MAX_OBSERVATION_SIZE
+from neuro.task_limits import MAX_EPISODE_STEPS, MAX_EPISODES_PER_TASK
 from worker.evaluation.spec import EvaluationSpec
 
 __all__ = [
@@ -36,11 +37,8 @@ __all__ = [
 MAX_SEEDS = 100_000
 """Seeds per genome. A genome grows one seed per generation; the paper's runs take a few
 thousand generations at most."""
-MAX_EPISODES = 10_000
-"""Episodes per task (the master splits re-evaluations into tasks of a few episodes)."""
-MAX_EPISODE_STEPS = 10_000_000
-"""Per-episode step cap a task may ask for (Atari's 108k frames are 27k steps); 0 means the
-env's own limit."""
+MAX_EPISODES = MAX_EPISODES_PER_TASK
+"""Episodes per task: the master's own bound on --episodes-per-task (neuro.task_limits)."""
 MAX_ENV_ID_LENGTH = 256
 """As long as the master's own id limit."""
 MAX_HIDDEN_LAYERS = 64

@@ -28,6 +28,14 @@ EXACT_VALUES = 2**18
 """Values (pairs x BC length) of direct differences taken at once: 2 MiB of float64."""
 
 
+MAX_ARCHIVE_CAPACITY = 1_000_000
+"""Each generation's novelty measures every behaviour against the whole archive, and every
+checkpoint holds it: a million behaviours of Atari's 128 RAM bytes are 0.5 GB as float32."""
+MAX_META_POPULATION = 100
+"""Each member holds a parameter vector and its two Adam moments (48 MB each for the paper's
+Atari network)."""
+
+
 @dataclass(frozen=True)
 class NoveltyConfig:
     """Hyperparameters of novelty search (GA-NS, NS-ES, NSR-ES)."""
@@ -45,16 +53,18 @@ class NoveltyConfig:
     (Conti et al.: 5)."""
 
     def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ValueError(f"k must be >= 1, got {self.k}")
+        if not 1 <= self.k <= MAX_ARCHIVE_CAPACITY:
+            raise ValueError(f"k must be in [1, {MAX_ARCHIVE_CAPACITY}], got {self.k}")
         if not (math.isfinite(self.archive_probability) and 0 <= self.archive_probability <= 1):
             raise ValueError(
                 f"archive_probability must be in [0, 1], got {self.archive_probability}"
             )
-        if self.archive_capacity < 1:
-            raise ValueError(f"archive_capacity must be >= 1, got {self.archive_capacity}")
-        if self.meta_population < 1:
-            raise ValueError(f"meta_population must be >= 1, got {self.meta_population}")
+        if not 1 <= self.archive_capacity <= MAX_ARCHIVE_CAPACITY:
+            raise ValueError(f"archive_capacity must be in [1, {MAX_ARCHIVE_CAPACITY}], "
+                             f"got {self.archive_capacity}")  # fmt: skip
+        if not 1 <= self.meta_population <= MAX_META_POPULATION:
+            raise ValueError(f"meta_population must be in [1, {MAX_META_POPULATION}], "
+                             f"got {self.meta_population}")  # fmt: skip
 
 
 def finite_rows(behaviours: np.ndarray) -> np.ndarray:

@@ -88,7 +88,7 @@ def test_novelty_settings_and_sections_that_do_not_fit_the_algorithm_are_refused
         dataclasses.replace(config, algorithm="ns-es")
     with pytest.raises(ValueError, match="'nsga' is not one of"):
         preset(kind, algorithm="nsga")
-    with pytest.raises(ValueError, match="meta_population must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"meta_population must be in \[1, 100\], got 0"):
         preset(kind, algorithm="ns-es", meta_population=0)
 
 
@@ -160,7 +160,16 @@ def test_local_workers_stay_on_the_cpu_path_unless_one_float32_worker_can_batch(
         (["--noise-table-size", str(2**28 + 1)], "noise_table_size must be in .* got 268435457"),
         (["--noise-table-size", "100"], r"noise_table_size 100 is smaller than the network: "
                                         r"mlp \[64, 64\] has at least 4353 parameters"),
-        (["--max-episode-steps", str(2**32)], "max_episode_steps must be in .* got 4294967296"),
+        # Where a worker would refuse every task (neuro.task_limits), not the wire's uint32.
+        (["--max-episode-steps", "10000001"], r"--max-episode-steps: max_episode_steps must be "
+                                              r"in \[0, 10000000\], got 10000001"),
+        (["--episodes-per-task", "10001"], r"--episodes-per-task: episodes_per_task must be in "
+                                           r"\[1, 10000\], got 10001"),
+        (["--algo", "ns-es", "--meta-population", "101"], r"meta_population must be in "
+                                                          r"\[1, 100\], got 101"),
+        (["--algo", "ga-ns", "--archive-capacity", "1000001"], r"archive_capacity must be in "
+                                                               r"\[1, 1000000\], got 1000001"),
+        (["--algo", "ga-ns", "--novelty-k", "1000001"], r"k must be in \[1, 1000000\]"),
         (["--checkpoint-seconds", "0"], "--checkpoint-seconds: must be a finite number of "
                                         "seconds > 0, got '0'"),
         (["--checkpoint-seconds", "-1"], "must be a finite number of seconds > 0, got '-1'"),
@@ -203,7 +212,8 @@ def test_a_refused_flag_leaves_no_run_dir_behind(tmp_path, capsys):
         ({"target_score": math.nan}, "target_score must be a finite number"),
         ({"noise_table_seed": -1}, r"noise_table_seed must be in \[0, 4294967295\], got -1"),
         ({"noise_table_size": 0}, r"noise_table_size must be in \[1, 268435456\], got 0"),
-        ({"episodes_per_task": 2**32}, "episodes_per_task must be in .* got 4294967296"),
+        ({"episodes_per_task": 10_001}, r"episodes_per_task must be in \[1, 10000\], got 10001"),
+        ({"max_episode_steps": 10**7 + 1}, r"max_episode_steps must be in \[0, 10000000\]"),
         ({"hidden_sizes": (2**16, 2**16)}, "more than the limit of 134217728"),
     ],
 )

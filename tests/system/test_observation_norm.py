@@ -151,3 +151,18 @@ def test_es_with_observation_normalisation_runs_hopper_end_to_end(tmp_path: Path
 def test_novelty_es_refuses_observation_normalisation_it_would_ignore() -> None:
     with pytest.raises(ValueError, match="observation_norm is an --algo es setting, not ns-es"):
         preset(inspect_env_id("Pendulum-v1"), algorithm="ns-es", observation_norm=True)
+
+
+def test_observation_normalisation_on_atari_frames_is_refused_at_parse_time(tmp_path, capsys):
+    """Refused by the config, so the command line says so (exit 2), not a traceback from
+    building the algorithm."""
+    from master.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--env", "Frostbite-v4", "--algo", "es", "--observation-norm", "--port", "0",
+              "--run-dir", str(tmp_path / "run"), "--quiet"])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "observation_norm is for vector observations, not Atari frames (Frostbite-v4)" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "run").exists()
