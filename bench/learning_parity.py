@@ -18,7 +18,9 @@ equal-cost one. Each run's best genome at each point (COST_POINTS) is replayed o
 `report` compares at equal frames and at equal core-hours. Core-hours are counted from frames
 at each dtype's measured cost (--cost-ratio: float32's core-hours per frame over the other
 dtype's, from bench/throughput.py run for both dtypes on the same host in one run), so that
-other work on the machine during the study cannot bias the comparison.
+other work on the machine during the study cannot bias the comparison. While a planned run
+(GAMES) has no result file, the report lists it under missing_runs and decides nothing.
+--markdown writes the per-seed table (equal frames, equal cost, final) for the docs.
 
 The decision rule (DECISION_RULE below, recorded in every result file before the runs): for
 each game, at equal core-hours, the other dtype's median replay score (its own dtype) is not
@@ -212,13 +214,48 @@ def run_report(args: argparse.Namespace) -> dict[str, Any]:
             if "equal_cost" in row:
                 passes.append(row["equal_cost"]["passes"])
         report["games"][game] = entry
-    report["decision"] = bool(passes) and all(passes)
+    # No decision on part of the plan: a game or seed still missing could change it.
+    report["missing_runs"] = missing_runs(runs, GAMES, ("float32", "int8-static"))
+    report["decision"] = (bool(passes) and all(passes)) if not report["missing_runs"] else None
     print(json.dumps(report, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(markdown_table(runs, args.cost_ratio))
     if args.plot:
         plot(runs, args.cost_ratio, Path(args.plot))
     return report
+
+
+def missing_runs(runs: list[dict[str, Any]], games: dict[str, int], dtypes) -> list[str]:
+    """The planned (game, seed, dtype) runs without a result file, as their file stems."""
+    done = {(r["game"], r["seed"], r["dtype"]) for r in runs}
+    return [run_file(Path(), game, seed, dtype).stem for game, seeds in games.items()
+            for seed in range(1, seeds + 1) for dtype in dtypes
+            if (game, seed, dtype) not in done]  # fmt: skip
+
+
+def markdown_table(runs: list[dict[str, Any]], ratio: float) -> str:
+    """Per game and seed: each run's replay mean (30 fresh episodes, its own dtype) at equal
+    frames, at equal cost and at its final point."""
+    point = equal_cost_point(ratio)
+    lines = [f"| game | seed | float32 (3M frames) | int8-static, equal frames | "
+             f"int8-static, equal cost ({point}) | int8-static, final |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+
+    def cell(run: dict[str, Any] | None, at: str, dtype: str) -> str:
+        value = replay_mean(run, at, dtype) if run is not None else None
+        return "" if value is None else f"{value:,.0f}"
+
+    for game in sorted({r["game"] for r in runs}):
+        by = {(r["seed"], r["dtype"]): r for r in runs if r["game"] == game}
+        for seed in sorted({seed for seed, _ in by}):
+            base, other = by.get((seed, "float32")), by.get((seed, "int8-static"))
+            lines.append(f"| {game} | {seed} | {cell(base, 'final', 'float32')} | "
+                         f"{cell(other, 'x1', 'int8-static')} | "
+                         f"{cell(other, point, 'int8-static')} | "
+                         f"{cell(other, 'final', 'int8-static')} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def plot(runs: list[dict[str, Any]], ratio: float, path: Path) -> None:
@@ -288,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     report.add_argument("--json", default=None)
     report.add_argument("--plot", default=None)
+    report.add_argument("--markdown", default=None, help="write the per-seed table here")
     args = parser.parse_args(argv)
     if args.command == "run":
         for name in ("frames", "workers", "replay_episodes"):
