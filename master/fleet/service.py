@@ -250,11 +250,13 @@ class EvolutionService(pb_grpc.EvolutionServicer):
                         await self._fleet.until_complete()
                 except TimeoutError:
                     yield pb.AttachUpdate()
-            # Marked before the send: a worker that hears it here may leave without calling
-            # again, and the master's linger would otherwise wait its whole grace for it.
-            self._fleet.tell_complete(request.worker_id)
             yield pb.AttachUpdate(run_complete=True)
         finally:
+            if self._fleet.run_complete:
+                # The call ended after the run did: the worker heard it and left (it may not
+                # call again, and the master's linger would wait its whole grace for it), or
+                # it is gone. One that is frozen or slow keeps its call open: still untold.
+                self._fleet.tell_complete(request.worker_id)
             # The worker's connection closed (grpc cancels this call), or the run is over.
             self._fleet.detach(request.worker_id, token)
 

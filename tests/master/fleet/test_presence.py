@@ -82,8 +82,9 @@ async def _told_over_presence(tmp_path) -> bool:
             fleet.run_complete = True
             update = await asyncio.wait_for(call.read(), 10)
             assert update.run_complete
-            # The worker may leave now without another call; the master's linger (which
-            # waits for workers seen lately and not yet told) must not wait for it.
+            # Heard, so the worker leaves without another call, hanging up; the master's
+            # linger (which waits for workers seen lately and not yet told) must not wait.
+            call.cancel()
             try:
                 await asyncio.wait_for(fleet.linger(poll_s=0.01), 2.0)
             except TimeoutError:
