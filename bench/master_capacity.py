@@ -76,6 +76,27 @@ def _pin(cores: set[int]) -> None:
         os.sched_setaffinity(0, cores & available)
 
 
+def measure_window(clients, warmup: float, seconds: float, grace_s: float, label: str) -> list:
+    """Waits for every client process to be ready, gives them one measured window and
+    returns what each sends back; RuntimeError naming `label` if one hangs."""
+    for _, client_conn in clients:
+        if not client_conn.poll(START_S):
+            raise RuntimeError(f"simulated workers did not start within {START_S:.0f}s")
+        client_conn.recv()
+    # One window for every client process: the machine's monotonic clock is shared.
+    start = time.monotonic() + warmup
+    window = (start, start + seconds)
+    for _, client_conn in clients:
+        client_conn.send(window)
+    tallies = []
+    for _, client_conn in clients:
+        if client_conn.poll(window[1] - time.monotonic() + grace_s):
+            tallies.append(client_conn.recv())
+    if len(tallies) != len(clients):
+        raise RuntimeError(f"{label}: {len(clients) - len(tallies)} client process(es) hung")
+    return tallies
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process, all its threads included (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -423,21 +444,7 @@ def measure(server: str, batch: int, settings: Settings) -> dict[str, Any]:
             attached = attached if server == "master" else 0
             args = (port, process.pid, group, batch, server, settings, attached)
             clients.append(_start(clients_process, *args))
-        for _, client_conn in clients:
-            if not client_conn.poll(START_S):
-                raise RuntimeError(f"simulated workers did not start within {START_S:.0f}s")
-            client_conn.recv()
-        # One window for every client process: the machine's monotonic clock is shared.
-        start = time.monotonic() + settings.warmup
-        window = (start, start + settings.seconds)
-        for _, client_conn in clients:
-            client_conn.send(window)
-        tallies = []
-        for _, client_conn in clients:
-            if client_conn.poll(window[1] - time.monotonic() + 4 * CALL_S):
-                tallies.append(client_conn.recv())
-        if len(tallies) != len(clients):
-            raise RuntimeError(f"{server}: {len(clients) - len(tallies)} client process(es) hung")
+        tallies = measure_window(clients, settings.warmup, settings.seconds, 4 * CALL_S, server)
     finally:
         for client, _ in clients:
             client.join(CALL_S)

@@ -193,20 +193,7 @@ def measure(load: Load) -> dict[str, Any]:
         for i in range(load.client_procs):
             args = (port, process.pid, names[i :: load.client_procs], load, i == 0)
             clients.append(mc._start(clients_process, *args))
-        for _, client_conn in clients:
-            if not client_conn.poll(mc.START_S):
-                raise RuntimeError(f"simulated workers did not start within {mc.START_S:.0f}s")
-            client_conn.recv()
-        start = time.monotonic() + load.warmup
-        window = (start, start + load.seconds)
-        for _, client_conn in clients:
-            client_conn.send(window)
-        tallies = []
-        for _, client_conn in clients:
-            if client_conn.poll(window[1] - time.monotonic() + 6 * mc.CALL_S):
-                tallies.append(client_conn.recv())
-        if len(tallies) != len(clients):
-            raise RuntimeError(f"{len(clients) - len(tallies)} client process(es) hung")
+        tallies = mc.measure_window(clients, load.warmup, load.seconds, 6 * mc.CALL_S, "master")
     finally:
         for client, _ in clients:
             client.join(mc.CALL_S)
