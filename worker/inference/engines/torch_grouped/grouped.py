@@ -7,7 +7,8 @@ read once per step however many of its episodes are in the batch:
 - the U distinct slots of a batch and the m most rows any of them has lay the batch out as an
   (m, U) grid (short groups padded with zero rows, whose outputs are dropped);
 - every conv layer is ONE grouped convolution: the U individuals' inputs stacked along the
-  channel axis, groups=U, their U kernels stacked along the output channels;
+  channel axis, groups=U, their U kernels stacked along the output channels (or, built with
+  convolution="unfold", one unfold and one batched matmul: unfold.py);
 - every dense layer is ONE torch.baddbmm over the U individuals (m rows each).
 
 The batch's weights are a view of the stacked tensors over the range of its slots when that
@@ -34,8 +35,13 @@ from neuro.inference import CPU, FLOAT32, MLP_ARCHITECTURE
 from neuro.layout import ATARI_CONVS, ATARI_SHAPE, atari_conv_pads
 from neuro.observation_stats import normalise
 from worker.inference.base import NetSpec
+from worker.inference.engines.torch_grouped.unfold import Convolution, grouped_conv2d_unfold
 
-__all__ = ["BatchedPolicies", "strict_float32"]
+__all__ = ["CONVOLUTIONS", "BatchedPolicies", "atari_forward", "dense", "strict_float32"]
+
+GROUPED, UNFOLD = "grouped", "unfold"
+CONVOLUTIONS: dict[str, Convolution] = {GROUPED: F.conv2d, UNFOLD: grouped_conv2d_unfold}
+"""How BatchedPolicies computes its conv layers (the runner's default: grouped)."""
 
 
 def strict_float32() -> None:
@@ -58,6 +64,37 @@ def _as_cpu_tensor(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
+def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """x (U, m, in) through U dense layers, weight (U, out, in) and bias (U, out): (U, m, out)."""
+    return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+
+
+def atari_forward(
+    x: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    pads: Sequence[tuple[int, int, int, int]],
+    strides: Sequence[int],
+    conv: Convolution = F.conv2d,
+) -> torch.Tensor:
+    """U individuals' Atari networks at once: x (m, U*C, H, W) scaled to [0, 1], `params` the
+    network's parameters in layout order, each (U, *shape); their outputs, (U, m, n_out).
+
+    `conv` is called as F.conv2d(x, weight, bias, stride=, groups=U) with the U kernels stacked
+    along the output channels (grouped_conv2d_unfold computes the same). Any dtype or memory
+    format the caller gives the tensors (bench/forward_variants.py tries several).
+    """
+    depth, width = x.shape[0], params[0].shape[0]
+    for layer, (pad, stride) in enumerate(zip(pads, strides, strict=True)):
+        weight, bias = params[2 * layer], params[2 * layer + 1]
+        if any(pad):
+            x = F.pad(x, pad)
+        x = F.relu(conv(x, weight.flatten(0, 1), bias.flatten(), stride=stride, groups=width))
+    # (m, U*C', H', W') -> (U, m, C'*H'*W'): each individual's features in Policy's order.
+    x = x.reshape(depth, width, -1).transpose(0, 1)
+    x = F.relu(dense(x, params[6], params[7]))
+    return dense(x, params[8], params[9])
+
+
 class BatchedPolicies:
     """`capacity` slots of one network's weights, stacked on `device`; a call mixes slots.
 
@@ -65,7 +102,20 @@ class BatchedPolicies:
     pre-squash Box values); the caller applies the action head.
     """
 
-    def __init__(self, spec: NetSpec, capacity: int, device: str | torch.device = CPU):
+    def __init__(
+        self,
+        spec: NetSpec,
+        capacity: int,
+        device: str | torch.device = CPU,
+        convolution: str = GROUPED,
+    ) -> None:
+        """`convolution`: how the conv layers are computed, "grouped" (one grouped convolution
+        each) or "unfold" (unfold + one batched matmul each, worker/inference/engines/
+        torch_grouped/unfold.py); the same outputs to float32 rounding."""
+        if convolution not in CONVOLUTIONS:
+            raise ValueError(
+                f"convolution must be one of {', '.join(CONVOLUTIONS)}, got {convolution!r}"
+            )
         if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer):
             raise ValueError(f"capacity must be an int, got {capacity!r}")
         if capacity < 1:
@@ -83,6 +133,8 @@ class BatchedPolicies:
         """(mean, std), as Policy.observation_norm: one normaliser for every slot (ES)."""
         self.parameter_layout = [(name, tuple(shape)) for name, shape in spec.layout]
         self.num_params = sum(int(np.prod(shape)) for _, shape in self.parameter_layout)
+        self.convolution = convolution
+        self._conv = CONVOLUTIONS[convolution]
         self._pads = atari_conv_pads(self.architecture)
         self._strides = [stride for _, _, stride in ATARI_CONVS]
         # One (capacity, *shape) tensor per parameter, in the flat layout's order.
@@ -213,8 +265,7 @@ class BatchedPolicies:
 
     def _dense(self, x: torch.Tensor, i: int, take: slice | torch.Tensor) -> torch.Tensor:
         """x (U, m, in) through the dense layer whose weight is parameter i: (U, m, out)."""
-        weight, bias = self._take(i, take), self._take(i + 1, take)
-        return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+        return dense(x, self._take(i, take), self._take(i + 1, take))
 
     def _mlp(self, x: torch.Tensor, take: slice | torch.Tensor) -> torch.Tensor:
         n_hidden = len(self.parameter_layout) // 2 - 1
@@ -224,20 +275,8 @@ class BatchedPolicies:
 
     def _atari(self, x: torch.Tensor, take: slice | torch.Tensor) -> torch.Tensor:
         """x (m, U*C, H, W), scaled to [0, 1]: the U individuals' outputs, (U, m, n_out)."""
-        depth = x.shape[0]
-        width = None
-        for layer, (pad, stride) in enumerate(zip(self._pads, self._strides, strict=True)):
-            weight, bias = self._take(2 * layer, take), self._take(2 * layer + 1, take)
-            width = weight.shape[0]
-            if any(pad):
-                x = F.pad(x, pad)
-            x = F.relu(
-                F.conv2d(x, weight.flatten(0, 1), bias.flatten(), stride=stride, groups=width)
-            )
-        # (m, U*C', H', W') -> (U, m, C'*H'*W'): each individual's features in Policy's order.
-        x = x.reshape(depth, width, -1).transpose(0, 1)
-        x = F.relu(self._dense(x, 6, take))
-        return self._dense(x, 8, take)
+        params = [self._take(i, take) for i in range(len(self._params))]
+        return atari_forward(x, params, self._pads, self._strides, self._conv)
 
     def __call__(self, slots: Sequence[int], observations: np.ndarray) -> np.ndarray:
         """forward()'s outputs as a float32 array on the host."""
