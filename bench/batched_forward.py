@@ -10,6 +10,8 @@ float32). Three ways to compute the step, all from the same stacked weights on o
 - vmap: torch.func.vmap of that single forward, each row's weights gathered from its slot.
 
 Prints the median ms per step for batch 1, 8 and 32 on CUDA when present, else on the CPU.
+The grouped pass in other dtypes, layouts and kernels (bfloat16, channels-last, unfold + bmm,
+CUDA graphs): bench/forward_variants.py.
 
     python bench/batched_forward.py [--arch deepga] [--device cpu] [--threads 1] [--json out.json]
 """
