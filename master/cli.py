@@ -263,7 +263,9 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--local-workers", type=int, default=0, metavar="W",
                    help="also start W worker processes on this machine, each pinned to a core "
-                   "of its own where W <= the cores this process may use")  # fmt: skip
+                   "of its own where W <= the cores this process may use; 1 on a CUDA host: "
+                   "the batched worker, one process per GPU, each on its share of the "
+                   "cores")  # fmt: skip
     p.add_argument("--no-pin-workers", dest="pin_workers", action="store_false",
                    help="leave the local workers to the scheduler (for a host shared with "
                    "other runs)")  # fmt: skip
@@ -471,14 +473,22 @@ def _serve(
 ) -> int:
     """Runs the master to the end; 1 (said on stderr) if it could not listen or start."""
     from master.run import start
-    from master.run.local_workers import local_worker_args, pinned_cpus
+    from master.run.local_workers import (
+        describe_local_workers,
+        listed_gpus,
+        local_worker_args,
+        pinned_cpus,
+    )
 
     placement = (args.worker_arg, args.local_workers, config.inference_dtype, config.architecture)
+    worker_cpus = pinned_cpus(args.pin_workers, *placement)
+    if args.local_workers:
+        logging.info(describe_local_workers(*placement, worker_cpus, listed_gpus()))
     serve = start.ServeOptions(args.host, args.port, token, tls)
     options = start.RunOptions(
         local_workers=args.local_workers,
         worker_args=local_worker_args(*placement),
-        worker_cpus=pinned_cpus(args.pin_workers, *placement),
+        worker_cpus=worker_cpus,
         out=None if args.quiet else sys.stdout,
         checkpoint_seconds=args.checkpoint_seconds,
         mirror=mirror,

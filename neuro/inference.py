@@ -43,6 +43,8 @@ RUNNERS = (PER_GENOME, BATCHED)
 CPU = "cpu"
 CUDA = "cuda"
 DEVICES = (CPU, CUDA)
+"""The kinds of device the table speaks of; a worker may name one GPU of several as "cuda:N",
+which the table reads as "cuda" (device_kind)."""
 
 ONNXRUNTIME = "onnxruntime"
 TORCH = "torch"
@@ -74,7 +76,7 @@ class EngineRow:
         """Whether this engine runs a policy of this dtype and architecture here."""
         return (
             runner == self.runner
-            and device in self.devices
+            and _kind_or_none(device) in self.devices
             and dtype in self.dtypes
             and architecture in self.architectures
             and architecture in DTYPE_ARCHITECTURES.get(dtype, ())
@@ -107,6 +109,25 @@ TABLE: tuple[EngineRow, ...] = (
 """Every engine's row, in the order a worker prefers them."""
 
 
+def device_kind(device: str) -> str:
+    """The table's name for a device: "cpu" or "cuda", which "cuda:N" (GPU N) is too; ValueError
+    naming any other value."""
+    kind = _kind_or_none(device)
+    if kind is None:
+        raise ValueError(f"device {device!r} is not one of cpu, cuda or cuda:N (N: a GPU's index)")
+    return kind
+
+
+def _kind_or_none(device: str) -> str | None:
+    if device in DEVICES:
+        return device
+    kind, _, index = device.partition(":")
+    # ASCII digits only: str.isdigit also takes "²", which no device index is.
+    if kind == CUDA and index.isascii() and index.isdigit():
+        return CUDA
+    return None
+
+
 def engines_for(dtype: str, architecture: str, runner: str, device: str) -> tuple[str, ...]:
     """The engines that serve this combination, in the table's order (none: it does not run)."""
     return tuple(row.engine for row in TABLE if row.serves(dtype, architecture, runner, device))
@@ -122,7 +143,7 @@ def check_combination(
     if runner is not None:
         _check_name("runner", runner, RUNNERS)
     if device is not None:
-        _check_name("device", device, DEVICES)
+        device_kind(device)
     if architecture not in DTYPE_ARCHITECTURES[dtype]:
         defined = DTYPE_ARCHITECTURES[dtype]
         raise ValueError(

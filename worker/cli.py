@@ -17,22 +17,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuro.allocator import TCMALLOC, tcmalloc_installed, this_process_allocator
-from neuro.cpus import format_cpu_list
+from neuro.cpus import format_cpu_list, parse_cpu_list
 from neuro.wire import DEFAULT_MASTER, load_token
 from worker.inference.registry import check_preference, preferred_engine
 from worker.play.envs import ATARI_BACKENDS, DEFAULT_ATARI_BACKEND
 
 if TYPE_CHECKING:
     from worker.client import WorkerClient
+    from worker.fanout import Share
     from worker.spot import SpotNoticeWatcher
 
 SPOT_NOTICE_MODES = ("off", "imds")
 
 
 def worker_main(argv: list[str] | None = None) -> int:
-    """neuro-worker: parse the flags, check them into settings, join the master and work."""
+    """neuro-worker: parse the flags, check them into settings, join the master and work (or,
+    given several devices, start and supervise one worker process per device)."""
     parser = worker_parser()
     settings = worker_settings(parser, parser.parse_args(argv))
+    if settings.shares:
+        return run_fanout(settings, sys.argv[1:] if argv is None else argv)
     return run_worker(settings)
 
 
@@ -63,12 +67,16 @@ class WorkerSettings:
     """The metadata service to poll for a spot notice; None: don't poll."""
     spot_poll_seconds: float
     device: str = "cpu"
-    """Where the forward pass runs: cpu or cuda ("auto" is resolved by worker_settings)."""
+    """Where the forward pass runs: cpu, cuda or cuda:N ("auto" is resolved by
+    worker_settings)."""
     envs: int = 0
     """> 0: the batched worker, this many env slots of different individuals stepped together
     with one forward pass; 0: the per-genome worker (SlotRunner, --slots)."""
-    cpu: int | None = None
-    """The logical CPU every thread of this worker runs on (--cpu); None: the scheduler's."""
+    cpus: tuple[int, ...] | None = None
+    """The logical CPUs every thread of this worker runs on (--cpu); None: the scheduler's."""
+    shares: tuple[Share, ...] = ()
+    """Several devices: this process works on none itself but runs one worker process per
+    share (worker/fanout.py); (): it is the worker."""
 
 
 def worker_parser() -> argparse.ArgumentParser:
@@ -98,8 +106,11 @@ def worker_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device",
         default=os.environ.get("NEURO_DEVICE", "auto"),
-        help="where the forward pass runs: auto (CUDA when torch sees one), cpu or cuda; a "
-        "CUDA device runs the batched worker (see --envs) (env NEURO_DEVICE; default auto)",
+        help="where the forward pass runs: auto (CUDA when torch sees one), cpu, cuda or "
+        "cuda:N; a CUDA device runs the batched worker (see --envs). Several devices (auto or "
+        "cuda where torch sees several GPUs, or a list such as cuda:0,cuda:2 or cpu,cpu): one "
+        "worker process per device, each pinned to its share of the cores, ids ID-gpuN / "
+        "ID-cpuI (env NEURO_DEVICE; default auto)",
     )
     parser.add_argument(
         "--envs",
@@ -107,8 +118,8 @@ def worker_parser() -> argparse.ArgumentParser:
         default=int(os.environ.get("NEURO_ENVS", "0")),
         help="env slots in this one process for the batched worker: it leases up to this many "
         "tasks of different individuals and evaluates every live episode in one forward pass "
-        "per step; 0: one per core on a CUDA device, else the per-genome worker (--slots) "
-        "(env NEURO_ENVS; default 0)",
+        "per step; 0: one per CPU it may use on a CUDA device (or of its share, with several "
+        "devices), else the per-genome worker (--slots) (env NEURO_ENVS; default 0)",
     )
     parser.add_argument(
         "--atari-engine",
@@ -127,11 +138,13 @@ def worker_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cpu",
-        type=int,
+        type=cpu_list,
         default=os.environ.get("NEURO_CPU"),
         help="pin every thread of this worker to this logical CPU, as one worker per core "
-        "runs best: the emulator's thread and the forward pass then share one core's caches "
-        "(env NEURO_CPU; default: not pinned; neuro-master --local-workers pins its own)",
+        "runs best: the emulator's thread and the forward pass then share one core's caches; "
+        "or to a list (0-7,16-23), a batched worker's share, its emulators stepped by one "
+        "thread per CPU of it (env NEURO_CPU; default: not pinned; neuro-master "
+        "--local-workers pins its own)",
     )
     parser.add_argument(
         "--stats-file",
@@ -241,17 +254,12 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
     if args.envs < 0:
         parser.error(f"--envs (or NEURO_ENVS) must be >= 0, got {args.envs}")
-    device = args.device
-    if device != "cpu":  # only asking torch about CUDA costs its import
-        from worker.inference.devices import resolve_device
-
-        try:
-            device = resolve_device(device)
-        except ValueError as error:
-            parser.error(f"--device (or NEURO_DEVICE): {error}")
-    envs = args.envs or (os.cpu_count() or 1 if device == "cuda" else 0)
+    devices = _devices(parser, args.device)
+    shares = _shares(parser, args, devices) if len(devices) > 1 else ()
+    device = devices[0]
     if args.cpu is not None:
-        _check_cpu(parser, args.cpu, batched=envs > 0)
+        _check_cpus(parser, args.cpu)
+    envs = args.envs or (len(args.cpu or _allowed_cpus()) if device.startswith("cuda") else 0)
     return WorkerSettings(
         master=args.master,
         worker_id=args.worker_id,
@@ -272,36 +280,86 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         spot_poll_seconds=args.spot_poll_seconds,
         device=device,
         envs=envs,
-        cpu=args.cpu,
+        cpus=args.cpu,
+        shares=shares,
     )
 
 
-def _check_cpu(parser: argparse.ArgumentParser, cpu: int, batched: bool) -> None:
-    if batched:
-        parser.error(f"--cpu (or NEURO_CPU) {cpu}: the batched worker (--envs, or a CUDA "
-                     f"device) steps emulators on every core; pin per-core workers")  # fmt: skip
+def cpu_list(text: str) -> tuple[int, ...]:
+    """--cpu's value: one CPU ("3") or a kernel CPU list ("0-7,16-23")."""
+    cpus = tuple(parse_cpu_list(text))
+    if not cpus or min(cpus) < 0:
+        raise ValueError(text)
+    return cpus
+
+
+def _devices(parser: argparse.ArgumentParser, value: str) -> tuple[str, ...]:
+    """The devices --device names (one, or one per worker process of a fan-out); torch is
+    imported only to ask about CUDA."""
+    from worker.inference.devices import resolve_devices
+
+    try:
+        return resolve_devices(value)
+    except ValueError as error:
+        parser.error(f"--device (or NEURO_DEVICE): {error}")
+
+
+def _shares(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, devices: tuple[str, ...]
+) -> tuple[Share, ...]:
+    """Each device's worker process: its CPUs and envs (worker/fanout.py's rule)."""
+    from worker.fanout import plan_shares
+
+    if args.cpu is not None:
+        parser.error(f"--cpu (or NEURO_CPU) {format_cpu_list(args.cpu)} with several devices "
+                     f"({','.join(devices)}): each device's worker is pinned to its share of "
+                     f"the CPUs this process may use; narrow those with taskset or a "
+                     f"cpuset instead")  # fmt: skip
+    try:
+        return plan_shares(devices, args.envs)
+    except ValueError as error:
+        parser.error(f"--device (or NEURO_DEVICE): {error}")
+
+
+def _allowed_cpus() -> tuple[int, ...]:
+    """The CPUs this process may run on (a container's or taskset's, not the host's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))
+
+
+def _check_cpus(parser: argparse.ArgumentParser, cpus: tuple[int, ...]) -> None:
+    named = format_cpu_list(cpus)
     if not hasattr(os, "sched_setaffinity"):
-        parser.error(f"--cpu (or NEURO_CPU) {cpu}: pinning needs Linux (sched_setaffinity)")
+        parser.error(f"--cpu (or NEURO_CPU) {named}: pinning needs Linux (sched_setaffinity)")
     allowed = os.sched_getaffinity(0)
-    if cpu not in allowed:
-        parser.error(f"--cpu (or NEURO_CPU) {cpu} is not a CPU this process may run on; "
+    outside = sorted(set(cpus) - allowed)
+    if outside:
+        which = "is not a CPU" if len(cpus) == 1 else f"names {format_cpu_list(outside)}, not CPUs"
+        parser.error(f"--cpu (or NEURO_CPU) {named} {which} this process may run on; "
                      f"allowed: {format_cpu_list(allowed)}")  # fmt: skip
 
 
-def pin_to_cpu(cpu: int) -> None:
-    """Pins every thread of this process to `cpu`; threads it starts later inherit that.
+def pin_to_cpus(cpus: tuple[int, ...] | set[int]) -> None:
+    """Pins every thread of this process to `cpus`; threads it starts later inherit that.
 
     Why: ale-py's vector env steps the emulator in a thread of its own and hands each
     observation to the caller's thread, which runs the forward pass. Left to the scheduler,
     the two often sit on different cores, and every step crosses caches (and, in a VM, costs
-    a cross-CPU wake-up): docs/performance.md measures the difference."""
+    a cross-CPU wake-up): docs/performance.md measures the difference. A batched worker's
+    share (several CPUs) keeps its emulator threads off the other shares' cores."""
     try:
         threads = [int(tid) for tid in os.listdir("/proc/self/task")]
     except OSError:  # no /proc: this thread, which has started no other yet
         threads = [0]
     for tid in threads:
         with contextlib.suppress(ProcessLookupError):  # a thread that just ended
-            os.sched_setaffinity(tid, {cpu})
+            os.sched_setaffinity(tid, set(cpus))
+
+
+def pin_to_cpu(cpu: int) -> None:
+    """Pins every thread of this process to one logical CPU (pin_to_cpus)."""
+    pin_to_cpus({cpu})
 
 
 def _physical_memory_mb() -> int:
@@ -350,9 +408,9 @@ def run_worker(settings: WorkerSettings) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s worker %(message)s"
     )
-    if settings.cpu is not None:
+    if settings.cpus is not None:
         # Before the client starts its threads (gRPC, the emulators'): they inherit it.
-        pin_to_cpu(settings.cpu)
+        pin_to_cpus(settings.cpus)
     client = _build_client(settings)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: client.stop())
@@ -362,8 +420,10 @@ def run_worker(settings: WorkerSettings) -> int:
         settings.master, "TLS" if settings.root_certificates else "plaintext",
         "token" if settings.token else "no token", allocator, settings.inference_engine,
     )  # fmt: skip
-    if settings.cpu is not None:
-        logging.info("worker %s pinned to CPU %d", client.worker_id, settings.cpu)
+    if settings.cpus is not None:
+        plural = "s" if len(settings.cpus) > 1 else ""
+        logging.info("worker %s pinned to CPU%s %s", client.worker_id, plural,
+                     format_cpu_list(settings.cpus))  # fmt: skip
     if allocator == "system" and "LD_PRELOAD" not in os.environ and tcmalloc_installed():
         logging.info(
             "tcmalloc is installed but not preloaded: LD_PRELOAD=%s makes an Atari step a few "
@@ -395,15 +455,18 @@ def _build_client(settings: WorkerSettings) -> WorkerClient:
     from worker.evaluation.evaluator import Evaluator
 
     torch.set_num_threads(settings.torch_threads)
+    if settings.device.startswith("cuda:"):
+        # Before anything touches CUDA: what runs on the "current" device (a synchronize, a
+        # tensor made on "cuda") then runs on this GPU, and no context is made on GPU 0.
+        torch.cuda.set_device(settings.device)
     shared = (
         SharedVectorStore(budget_bytes=settings.shared_cache_mb * 2**20)
         if settings.shared_cache_mb
         else None
     )
-    worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     return WorkerClient(
         settings.master,
-        worker_id,
+        _worker_id(settings),
         Evaluator(
             settings.noise_cache,
             settings.decode_cache_mb * 2**20,
@@ -421,12 +484,35 @@ def _build_client(settings: WorkerSettings) -> WorkerClient:
     )
 
 
+def _worker_id(settings: WorkerSettings) -> str:
+    """--worker-id, else hostname-pid-random."""
+    return settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def run_fanout(settings: WorkerSettings, argv: list[str]) -> int:
+    """Runs one worker process per share (worker/fanout.py) until all have exited."""
+    from worker.fanout import Fanout
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s worker %(message)s"
+    )
+    fanout = Fanout(argv, settings.shares, _worker_id(settings), settings.stats_file)
+    logging.info("worker %s: %d devices (%s), one worker process each", fanout.worker_id,
+                 len(settings.shares), ", ".join(s.device for s in settings.shares))  # fmt: skip
+    code = fanout.run()
+    logging.info("worker %s done: %s", fanout.worker_id, fanout.codes)
+    return code
+
+
 def _batched_runner(settings: WorkerSettings) -> Callable:
     """Builds the batched runner in the main thread: `envs` slots on the device, the C++
-    vector env stepping them on the host's cores."""
+    vector env stepping them with one thread per CPU this worker may use (on a CPU device,
+    one thread unless it was pinned to several)."""
     from worker.runners.batched import BatchedSlotRunner
 
-    threads = max(1, min(settings.envs, os.cpu_count() or 1)) if settings.device == "cuda" else 1
+    cpus = len(settings.cpus or _allowed_cpus())
+    several = settings.device != "cpu" or (settings.cpus is not None and len(settings.cpus) > 1)
+    threads = max(1, min(settings.envs, cpus)) if several else 1
 
     def build(evaluator: Any, capacity: int, timers: Any) -> BatchedSlotRunner:
         return BatchedSlotRunner(evaluator, capacity, settings.device, timers, threads)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from neuro.allocator import worker_environment
-from neuro.cpus import parse_cpu_list
+from neuro.cpus import format_cpu_list, parse_cpu_list
 from neuro.inference import batched_runs
 
 log = logging.getLogger(__name__)
@@ -24,11 +24,12 @@ def local_worker_args(
 ) -> tuple[str, ...]:
     """What each of `count` local workers is started with, after --master and --worker-id.
 
-    On a CUDA host a worker's default device (auto) makes it the batched worker: one process
-    for the whole host, in the dtypes and networks neuro.inference's table lets it run.
-    Several local workers are one per core, and a run the batched worker cannot run stays on
-    the per-genome CPU path: both get --device cpu, unless --worker-arg names a device (later
-    arguments win).
+    On a CUDA host a worker's default device (auto) makes it the batched worker, in the dtypes
+    and networks neuro.inference's table lets it run: one process for the whole host, which
+    on a host with several GPUs starts one worker process per GPU by itself, each pinned to
+    its share of the cores (worker/fanout.py). Several local workers are one per core, and a
+    run the batched worker cannot run stays on the per-genome CPU path: both get --device
+    cpu, unless --worker-arg names a device (later arguments win).
     """
     cpu = _per_core_workers(count, inference_dtype, architecture)
     return (*(("--device", "cpu") if cpu else ()), *worker_arg, "--give-up-after", "30")
@@ -58,6 +59,44 @@ def local_worker_cpus(
     if not per_core or placed or not 0 < count <= len(allowed):
         return ()
     return tuple(sorted(allowed, key=lambda cpu: (_sibling_rank(cpu), cpu))[:count])
+
+
+def describe_local_workers(
+    worker_arg: Sequence[str],
+    count: int,
+    inference_dtype: str,
+    architecture: str,
+    cpus: Sequence[int],
+    gpus: int | None,
+) -> str:
+    """One line for the log: what the local workers will be. `cpus`: those they are pinned
+    to (pinned_cpus); `gpus`: the GPUs the NVIDIA driver lists here (listed_gpus), None where
+    it lists none. The master imports no torch: the worker itself decides what auto means."""
+    plural = "s" if count != 1 else ""
+    if any(arg.split("=")[0] in ("--device", "--envs", "--cpu") for arg in worker_arg):
+        return f"{count} local worker{plural}, placed by --worker-arg: {' '.join(worker_arg)}"
+    if _per_core_workers(count, inference_dtype, architecture):
+        where = f"pinned to CPUs {format_cpu_list(cpus)}" if cpus else "not pinned"
+        kind = "a per-core CPU worker" if count == 1 else "per-core CPU workers"
+        return f"{count} local worker{plural}: {kind} (--device cpu), {where}"
+    if gpus is None:
+        return ("1 local worker, device auto: the batched worker where torch sees a GPU (one "
+                "process per GPU), else a per-genome CPU worker")  # fmt: skip
+    if gpus == 1:
+        return "1 local worker: the batched worker on this host's GPU, using every core"
+    return (f"1 local worker: the batched worker, one process per GPU ({gpus} GPUs listed by "
+            f"the NVIDIA driver here), each pinned to its share of the cores")  # fmt: skip
+
+
+def listed_gpus(driver: Path = Path("/proc/driver/nvidia/gpus")) -> int | None:
+    """The GPUs the NVIDIA driver lists on this host, or None where it lists none (no driver,
+    or no GPU). CUDA_VISIBLE_DEVICES may let torch see fewer: the worker's log has the final
+    word."""
+    try:
+        count = sum(1 for _ in driver.iterdir())
+    except OSError:
+        return None
+    return count or None
 
 
 def pinned_cpus(

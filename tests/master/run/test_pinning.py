@@ -25,22 +25,47 @@ def settings_of(*argv: str):
 
 
 def test_a_worker_takes_a_cpu_it_may_run_on_and_refuses_others(capsys, monkeypatch):
-    assert settings_of("--cpu", str(ALLOWED[-1])).cpu == ALLOWED[-1]
-    assert settings_of().cpu is None
+    assert settings_of("--cpu", str(ALLOWED[-1])).cpus == (ALLOWED[-1],)
+    assert settings_of().cpus is None
     monkeypatch.setenv("NEURO_CPU", str(ALLOWED[0]))
-    assert worker_parser().parse_args([]).cpu == ALLOWED[0]
+    assert worker_parser().parse_args([]).cpu == (ALLOWED[0],)
     outside = ALLOWED[-1] + 1000
     with pytest.raises(SystemExit):
         settings_of("--cpu", str(outside))
     error = capsys.readouterr().err
     assert f"--cpu (or NEURO_CPU) {outside} is not a CPU this process may run on" in error
     assert f"allowed: {format_cpu_list(ALLOWED)}" in error
-
-
-def test_the_batched_worker_is_never_pinned(capsys):
     with pytest.raises(SystemExit):
-        settings_of("--cpu", str(ALLOWED[0]), "--device", "cpu", "--envs", "4")
-    assert "the batched worker" in capsys.readouterr().err
+        settings_of("--cpu", f"{ALLOWED[0]},{outside}-{outside + 1}")
+    error = capsys.readouterr().err
+    assert f"names {outside}-{outside + 1}, not CPUs this process may run on" in error
+    with pytest.raises(SystemExit):
+        settings_of("--cpu", "one")
+    assert "argument --cpu: invalid cpu_list value: 'one'" in capsys.readouterr().err
+
+
+def test_a_cpu_list_pins_a_worker_to_a_share_of_the_cpus():
+    assert settings_of("--cpu", format_cpu_list(ALLOWED)).cpus == tuple(ALLOWED)
+
+
+@pytest.mark.parametrize(
+    ("argv", "threads"),
+    [
+        (["--device", "cpu", "--envs", "4"], 1),  # the CPU batched worker: one emulator thread
+        (["--device", "cpu", "--envs", "4", "--cpu", format_cpu_list(ALLOWED)],
+         min(4, len(ALLOWED))),  # pinned to a share: one per CPU of it
+        (["--device", "cpu", "--envs", "4", "--cpu", str(ALLOWED[0])], 1),
+    ],
+)  # fmt: skip
+def test_a_pinned_batched_worker_steps_its_emulators_on_its_own_cpus(argv, threads, monkeypatch):
+    from worker.cli import _batched_runner
+
+    built = []
+    monkeypatch.setattr("worker.runners.batched.BatchedSlotRunner",
+                        lambda *args: built.append(args))  # fmt: skip
+    _batched_runner(settings_of(*argv))(None, 4, None)
+    ((_, capacity, device, _, env_threads),) = built
+    assert (capacity, device, env_threads) == (4, "cpu", threads)
 
 
 @pytest.mark.parametrize(
@@ -76,6 +101,42 @@ def test_local_workers_take_one_thread_of_every_core_before_a_sibling(ranks, cpu
     monkeypatch.setattr("master.run.local_workers._sibling_rank", ranks.__getitem__)
     assert local_worker_cpus([], 2, "float32", "deepga", [0, 1, 2, 3]) == cpus
     assert len(set(local_worker_cpus([], 4, "float32", "deepga", [0, 1, 2, 3]))) == 4
+
+
+@pytest.mark.parametrize(
+    ("worker_arg", "count", "dtype", "cpus", "gpus", "line"),
+    [
+        ([], 1, "float32", (), 4, "1 local worker: the batched worker, one process per GPU "
+         "(4 GPUs listed by the NVIDIA driver here), each pinned to its share of the cores"),
+        ([], 1, "float32", (), 1, "1 local worker: the batched worker on this host's GPU"),
+        ([], 1, "float32", (), None, "1 local worker, device auto: the batched worker where "
+         "torch sees a GPU (one process per GPU), else a per-genome CPU worker"),
+        # --local-workers > 1 keeps meaning per-core CPU workers, GPUs or not.
+        ([], 3, "float32", (0, 1, 2), 4, "3 local workers: per-core CPU workers (--device cpu), "
+         "pinned to CPUs 0-2"),
+        ([], 1, "int8", (5,), 4, "1 local worker: a per-core CPU worker (--device cpu), pinned "
+         "to CPUs 5"),
+        ([], 40, "float32", (), None, "40 local workers: per-core CPU workers (--device cpu), "
+         "not pinned"),
+        (["--device=cuda:1"], 1, "float32", (), 4, "1 local worker, placed by --worker-arg: "
+         "--device=cuda:1"),
+    ],
+)  # fmt: skip
+def test_the_master_says_what_its_local_workers_will_be(worker_arg, count, dtype, cpus, gpus,
+                                                        line):  # fmt: skip
+    from master.run.local_workers import describe_local_workers
+
+    assert describe_local_workers(worker_arg, count, dtype, "deepga", cpus, gpus).startswith(line)
+
+
+def test_the_gpus_the_driver_lists(tmp_path: Path):
+    from master.run.local_workers import listed_gpus
+
+    assert listed_gpus(tmp_path / "absent") is None
+    assert listed_gpus(tmp_path) is None  # a driver that lists none
+    for address in ("0000:17:00.0", "0000:65:00.0"):
+        (tmp_path / address).mkdir()
+    assert listed_gpus(tmp_path) == 2
 
 
 def test_cpu_lists_read_and_written_as_the_kernel_writes_them():

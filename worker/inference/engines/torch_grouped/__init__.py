@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import importlib.util
 
-from neuro.inference import ARCHITECTURES, BATCHED, CPU, CUDA, FLOAT32, TORCH_GROUPED
+from neuro.inference import ARCHITECTURES, BATCHED, CPU, CUDA, FLOAT32, TORCH_GROUPED, device_kind
 from worker.inference.base import Engine, GroupedForward, NetSpec
+from worker.inference.devices import resolve_device
 
 
 def _available(device: str) -> str | None:
     if importlib.util.find_spec("torch") is None:
         return "the batched runner needs torch (pip install 'neuro[worker]')"
-    if device == CUDA:
-        import torch
-
-        if not torch.cuda.is_available():
-            return "device 'cuda' asked for, but torch sees no CUDA device here"
+    if device_kind(device) == CUDA:  # "cuda" or "cuda:N"
+        try:
+            resolve_device(device)
+        except ValueError as error:  # no CUDA here, or not that many GPUs
+            return str(error)
     return None
 
 
