@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -314,3 +315,41 @@ def test_a_child_killed_by_a_signal_makes_the_parent_exit_128_plus_it(tmp_path: 
     wait_until(lambda: (tmp_path / "0").exists() and fanout.processes[1].poll() is not None)
     fanout.stop()
     assert fanout.wait() == 128 + signal.SIGKILL
+
+
+# A parent that makes two stand-in children (as StandIn does) and waits for them.
+KILLED_PARENT = """
+import sys
+from tests.worker.test_fanout import DRAINS, StandIn
+from pathlib import Path
+StandIn([DRAINS, DRAINS], Path(sys.argv[1])).run()
+"""
+
+
+def gone(pid: str) -> bool:
+    """Whether a process has exited (a zombie whose new parent has not reaped it yet counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_the_children_of_a_killed_parent_are_told_to_drain(tmp_path: Path) -> None:
+    # SIGKILL leaves the parent nothing to pass on: the kernel's parent-death signal does it.
+    from tests.support.processes import REPO, worker_env
+
+    parent = subprocess.Popen([sys.executable, "-c", KILLED_PARENT, str(tmp_path)],
+                              cwd=REPO, env=worker_env())  # fmt: skip
+    children: list[str] = []
+    try:
+        wait_until(lambda: len(list(tmp_path.iterdir())) == 2)
+        children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
+        assert len(children) == 2
+        parent.kill()
+        parent.wait()
+        wait_until(lambda: all(gone(pid) for pid in children), 10)
+    finally:
+        parent.kill()
+        for pid in children:
+            if not gone(pid):
+                os.kill(int(pid), signal.SIGKILL)
