@@ -77,6 +77,8 @@ class WorkerSettings:
     shares: tuple[Share, ...] = ()
     """Several devices: this process works on none itself but runs one worker process per
     share (worker/fanout.py); (): it is the worker."""
+    pipeline: bool = True
+    """The batched worker's Atari slots in two halves that take turns (--no-pipeline: not)."""
 
 
 def worker_parser() -> argparse.ArgumentParser:
@@ -120,6 +122,14 @@ def worker_parser() -> argparse.ArgumentParser:
         "tasks of different individuals and evaluates every live episode in one forward pass "
         "per step; 0: one per CPU it may use on a CUDA device (or of its share, with several "
         "devices), else the per-genome worker (--slots) (env NEURO_ENVS; default 0)",
+    )
+    parser.add_argument(
+        "--no-pipeline",
+        dest="pipeline",
+        action="store_false",
+        help="the batched worker steps all its Atari slots in one vector env after their "
+        "forward pass, instead of two halves that take turns (one in the emulator while the "
+        "device computes the other's actions); for measuring what the pipeline gains",
     )
     parser.add_argument(
         "--atari-engine",
@@ -282,6 +292,7 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         envs=envs,
         cpus=args.cpu,
         shares=shares,
+        pipeline=args.pipeline,
     )
 
 
@@ -515,7 +526,8 @@ def _batched_runner(settings: WorkerSettings) -> Callable:
     threads = max(1, min(settings.envs, cpus)) if several else 1
 
     def build(evaluator: Any, capacity: int, timers: Any) -> BatchedSlotRunner:
-        return BatchedSlotRunner(evaluator, capacity, settings.device, timers, threads)
+        return BatchedSlotRunner(evaluator, capacity, settings.device, timers, threads,
+                                 pipelined=settings.pipeline)  # fmt: skip
 
     return build
 

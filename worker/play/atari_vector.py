@@ -13,6 +13,10 @@ reset are drawn by the emulator's own RNG seeded with the task's seed (mod 2**31
 gymnasium's `np_random`, so the same seed starts the game a different number of frames in.
 Later episodes of a task continue that RNG (an unseeded reset), so a task is reproducible
 from its seed on this engine alone. `tests/worker/play/test_atari_vector.py` checks both.
+
+A pipelined group (the batched runner's two halves) is stepped as send() and receive() with
+other work between; a reset then waits for restart_queued(), after the step in flight, and
+a lane plays exactly what it plays on a group stepped at once (test_pipelined_vector.py).
 """
 
 from __future__ import annotations
@@ -45,8 +49,15 @@ class VectorGroup:
     """`size` sub-envs of one game in one C++ vector env, stepped by one call."""
 
     def __init__(
-        self, game: str, size: int, noop_max: int = PAPER_NOOP_MAX, threads: int = 1
+        self,
+        game: str,
+        size: int,
+        noop_max: int = PAPER_NOOP_MAX,
+        threads: int = 1,
+        pipelined: bool = False,
     ) -> None:
+        """`pipelined`: the group is stepped as send() then receive(), with other work (another
+        group's forward pass) in between, and every reset waits for restart_queued()."""
         from ale_py import Action
         from ale_py.vector_env import AtariVectorEnv
 
@@ -88,9 +99,13 @@ class VectorGroup:
         # With several emulator threads, seeded resets (each reloads the ROM, ~0.1 s) wait for
         # the group's next step and run there in one call, shared by the threads, instead of
         # one after another in the caller's thread as each task starts.
-        self._defer_seeded = threads > 1 and self.fire is not None
+        self._defer_seeded = threads > 1 and self.fire is not None and not pipelined
         self._seeding: dict[int, int] = {}
-        """Sub-envs whose seeded reset waits for the next step, and their seeds."""
+        """Sub-envs whose seeded reset waits for the next step, and their seeds (-1: an
+        unseeded reset, pipelined only)."""
+        self.pipelined = pipelined
+        # What the step in flight was sent with: which sub-envs pressed FIRE, which were taken.
+        self._in_flight: tuple[set[int], np.ndarray] | None = None
         # Partial resets need one full reset first. Unseeded: every task's first reset is
         # seeded, and a seeded reset reloads the ROM (~0.1 s), which a group built for a
         # task would otherwise pay twice.
@@ -98,6 +113,11 @@ class VectorGroup:
 
     def __repr__(self) -> str:
         return f"VectorGroup({self.game!r}, taken={int(self._taken.sum())}/{self.size})"
+
+    @property
+    def free_count(self) -> int:
+        """Sub-envs no task holds."""
+        return len(self._free)
 
     def take(self) -> SubEnv | None:
         """A free sub-env, or None when all are taken."""
@@ -126,9 +146,16 @@ class VectorGroup:
         if seed is not None and self._defer_seeded:
             self._seeding[index] = seed % SEED_MODULUS
             self._start(index)
-            return np.zeros(self.observation_space.shape, dtype=self.observation_space.dtype)
+            return self._blank()
         if seed is None and self._autoreset[index]:
             observation = self._pending[index].copy()  # the game-over step already reset it
+        elif self.pipelined:
+            # The step in flight may be stepping this sub-env (for the task that left it): the
+            # reset waits for restart_queued(), after that step is received. Until then the
+            # sub-env is not ready, so no agent acts on this blank observation.
+            self._seeding[index] = -1 if seed is None else seed % SEED_MODULUS
+            self._autoreset[index] = False
+            return self._blank()
         else:
             mask = np.zeros(self.size, dtype=bool)
             mask[index] = True
@@ -140,11 +167,24 @@ class VectorGroup:
 
     def ready(self, index: int) -> bool:
         """Whether the sub-env wants an agent action (not its reset's FIRE) this step."""
-        return index not in self._firing
+        return index not in self._firing and not (self.pipelined and index in self._seeding)
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a step was sent and not yet received."""
+        return self._in_flight is not None
 
     def step(self, actions: dict[int, int]) -> StepResult:
         """One step of every sub-env: given actions, FIRE where a reset wants it, else NOOP."""
-        if self._seeding:
+        self.send(actions)
+        return self.receive()
+
+    def send(self, actions: dict[int, int]) -> None:
+        """Starts one step of every sub-env (step()'s first half): the emulator's threads play
+        it while the caller does other work, until receive()."""
+        if self._in_flight is not None:
+            raise RuntimeError(f"{self!r}: a step is in flight; receive() it first")
+        if self._seeding and not self.pipelined:
             self._reset_queued()
         batch = self._actions
         batch.fill(0)
@@ -157,10 +197,24 @@ class VectorGroup:
                 batch[index] = self.fire
         # The vector env's step() is send() + recv(); send() would build the (constant)
         # paddle strengths anew on every call.
-        ale = self.env.ale
-        ale.send(batch, self._paddles)
-        observations, rewards, terminated, truncated, _ = ale.recv()
-        counted = self._taken.copy()
+        self._in_flight = (fired, self._taken.copy())
+        self.env.ale.send(batch, self._paddles)
+
+    def receive(self) -> StepResult:
+        """Waits for the step in flight (step()'s second half); `counted` is False where the
+        sub-env pressed its reset's FIRE, or (pipelined) was given back or waits for a reset
+        since the step was sent: that step was not its current task's."""
+        if self._in_flight is None:
+            raise RuntimeError(f"{self!r}: no step in flight")
+        fired, counted = self._in_flight
+        self._in_flight = None
+        observations, rewards, terminated, truncated, _ = self.env.ale.recv()
+        if self.pipelined:
+            counted &= self._taken
+            for index in self._seeding:
+                counted[index] = False
+            # A sub-env that left or awaits its reset has no FIRE bookkeeping from this step.
+            fired = {index for index in fired if self._taken[index] and index not in self._seeding}
         if fired:
             counted[list(fired)] = False
         young = self._young
@@ -186,15 +240,35 @@ class VectorGroup:
                     self._pad(index, observations[index])
         return StepResult(observations, rewards, terminated, truncated, counted)
 
-    def _reset_queued(self) -> None:
-        """Every deferred seeded reset, in one call (the vector env's threads share them)."""
+    def restart_queued(self) -> dict[int, np.ndarray]:
+        """(Pipelined.) Every reset that waits, in one call; the first observation of each, by
+        sub-env index. Nothing may be in flight."""
+        if not self._seeding:
+            return {}
+        if self._in_flight is not None:
+            raise RuntimeError(f"{self!r}: resets wait until the step in flight is received")
+        indices = sorted(self._seeding)
+        observations = self._reset_queued()
+        restarted = {}
+        for index in indices:
+            self._start(index)
+            restarted[index] = self._pad(index, observations[index].copy())
+        return restarted
+
+    def _reset_queued(self) -> np.ndarray:
+        """Every deferred reset, in one call (the vector env's threads share them); every
+        sub-env's observation after it."""
         indices = sorted(self._seeding)
         mask = np.zeros(self.size, dtype=bool)
         mask[indices] = True
         # One seed per reset sub-env, in index order, as the vector env reads them.
         seeds = np.array([self._seeding[index] for index in indices], dtype=np.int64)
         self._seeding = {}
-        self.env.reset(seed=seeds, options={"reset_mask": mask})
+        observations, _ = self.env.reset(seed=seeds, options={"reset_mask": mask})
+        return observations
+
+    def _blank(self) -> np.ndarray:
+        return np.zeros(self.observation_space.shape, dtype=self.observation_space.dtype)
 
     def _start(self, index: int) -> None:
         self._autoreset[index] = False

@@ -46,13 +46,19 @@ class EnvCache:
     envs, and Atari under the registered dynamics, are gymnasium envs either way.
     """
 
-    def __init__(self, atari_backend: str = GYM, vector_size: int = 1, threads: int = 1) -> None:
-        """`threads`: the C++ vector env's own threads stepping its sub-envs."""
+    def __init__(
+        self, atari_backend: str = GYM, vector_size: int = 1, threads: int = 1,
+        pipelined: bool = False,
+    ) -> None:  # fmt: skip
+        """`threads`: the C++ vector env's own threads stepping its sub-envs. `pipelined`: each
+        game's `vector_size` sub-envs are two pipelined vector envs of half as many (see
+        Rollout._step_pipelined), each task going to the one with more free sub-envs."""
         if atari_backend not in ATARI_BACKENDS:
             raise ValueError(f"atari engine must be one of {ATARI_BACKENDS}, got {atari_backend!r}")
         self.atari_backend = atari_backend
         self.vector_size = vector_size
         self.threads = threads
+        self.pipelined = pipelined and vector_size > 1
         self._free: dict[tuple[str, str], list[EnvHandle]] = defaultdict(list)
         self._groups: dict[str, list] = defaultdict(list)  # game -> its VectorGroups
 
@@ -88,13 +94,22 @@ class EnvCache:
         try:
             game = atari_game(env_id)
             groups = self._groups[game]
-            for group in groups:
-                sub = group.take()
-                if sub is not None:
-                    break
+            if self.pipelined:
+                if not any(group.free_count for group in groups):
+                    half = (self.vector_size + 1) // 2
+                    groups += [VectorGroup(game, size, threads=self.threads, pipelined=True)
+                               for size in (half, self.vector_size - half)]  # fmt: skip
+                # The halves overlap best when they hold equal shares of the work.
+                open_groups = [group for group in groups if group.free_count]
+                sub = min(open_groups, key=lambda group: group.size - group.free_count).take()
             else:
-                groups.append(VectorGroup(game, self.vector_size, threads=self.threads))
-                sub = groups[-1].take()
+                for group in groups:
+                    sub = group.take()
+                    if sub is not None:
+                        break
+                else:
+                    groups.append(VectorGroup(game, self.vector_size, threads=self.threads))
+                    sub = groups[-1].take()
         except Exception as error:  # as build_env: reported, never fatal
             raise EnvBuildError(f"cannot build env {env_id!r}: {error}") from error
         return EnvHandle(sub, atari=True, dynamics=PAPER, frames_used=paper_frames)

@@ -198,45 +198,28 @@ class Rollout:
 
     def step(self) -> list[tuple[Hashable, list[EpisodeResult]]]:
         """One agent step in every env; returns the runs that finished, with their episodes."""
-        by_actor: dict[int, list[tuple[Hashable, _Lane]]] = defaultdict(list)
+        finished = []
+        pipelined: dict[int, list[tuple[Hashable, _Lane]]] = defaultdict(list)
+        rest = []
         for key, lane in self._lanes.items():
-            # A vector sub-env pressing its reset's FIRE takes no agent action this step.
-            if lane.sub_env is None or lane.sub_env.ready:
-                # Actors of one batch group (different individuals held together, as by
-                # worker.runners.batched) share one forward pass too.
-                by_actor[lane.batch_key].append((key, lane))
+            if lane.sub_env is not None and lane.sub_env.group.pipelined:
+                pipelined[id(lane.sub_env.group)].append((key, lane))
+            else:
+                rest.append((key, lane))
+        for members in pipelined.values():
+            finished += self._step_pipelined(members)
+        if not rest:
+            return finished
+        # A vector sub-env pressing its reset's FIRE takes no agent action this step.
         started = time.perf_counter()
-        for members in by_actor.values():
-            lanes = [lane for _, lane in members]
-            # One lane (an offspring's episode, most of a run): a view, not a copy.
-            batch = (
-                lanes[0].observation[None]
-                if len(lanes) == 1
-                else (np.stack([lane.observation for lane in lanes]))
-            )
-            for row, lane in enumerate(lanes):
-                if lane.sums is not None:
-                    observed = batch[row].astype(np.float64).ravel()
-                    lane.sums[0] += 1
-                    lane.sums[1] += observed
-                    lane.sums[2] += observed * observed
-            try:
-                group = lanes[0].group
-                if group is not None:
-                    actions = group.act_rows([lane.actor for lane in lanes], batch)
-                else:
-                    actions = lanes[0].actor.act_batch(batch)
-            except Exception as error:  # e.g. a policy that cannot read this observation
-                self._failed([key for key, _ in members], error)
-                continue
-            for lane, action in zip(lanes, actions, strict=True):
-                lane.action = action
-            self.timers.forward_calls += 1
+        self._forward([(key, lane) for key, lane in rest
+                       if lane.sub_env is None or lane.sub_env.ready])  # fmt: skip
         stepped = time.perf_counter()
         self.timers.forward_s += stepped - started
-        finished = []
         groups: dict[int, list[tuple[Hashable, _Lane]]] = defaultdict(list)
-        for key, lane in list(self._lanes.items()):
+        for key, lane in rest:
+            if key not in self._lanes:  # its actor failed
+                continue
             if lane.sub_env is not None:
                 groups[id(lane.sub_env.group)].append((key, lane))
                 continue
@@ -257,6 +240,70 @@ class Rollout:
         self.timers.env_s += time.perf_counter() - stepped
         return finished
 
+    def _forward(self, members: Sequence[tuple[Hashable, _Lane]]) -> None:
+        """Each lane's action for its observation; lanes of one actor (one genome's episodes)
+        or one batch group (worker.runners.batched's slots) share one call."""
+        by_actor: dict[int, list[tuple[Hashable, _Lane]]] = defaultdict(list)
+        for key, lane in members:
+            by_actor[lane.batch_key].append((key, lane))
+        for batch_members in by_actor.values():
+            lanes = [lane for _, lane in batch_members]
+            # One lane (an offspring's episode, most of a run): a view, not a copy.
+            batch = (
+                lanes[0].observation[None]
+                if len(lanes) == 1
+                else (np.stack([lane.observation for lane in lanes]))
+            )
+            for row, lane in enumerate(lanes):
+                if lane.sums is not None:
+                    observed = batch[row].astype(np.float64).ravel()
+                    lane.sums[0] += 1
+                    lane.sums[1] += observed
+                    lane.sums[2] += observed * observed
+            try:
+                group = lanes[0].group
+                if group is not None:
+                    actions = group.act_rows([lane.actor for lane in lanes], batch)
+                else:
+                    actions = lanes[0].actor.act_batch(batch)
+            except Exception as error:  # e.g. a policy that cannot read this observation
+                self._failed([key for key, _ in batch_members], error)
+                continue
+            for lane, action in zip(lanes, actions, strict=True):
+                lane.action = action
+            self.timers.forward_calls += 1
+
+    def _step_pipelined(self, members: list[tuple[Hashable, _Lane]]) -> list:
+        """One step of a pipelined vector env's lanes: receive the step sent last time, restart
+        the sub-envs whose reset waited for it, act, and send the next step without waiting
+        for it. The emulator's threads play it while the caller computes the other groups'
+        actions (worker.runners.batched's two halves), so neither waits for the other."""
+        group = members[0][1].sub_env.group
+        finished = []
+        started = time.perf_counter()
+        if group.in_flight:
+            finished = self._absorb(members, group.receive())
+        received = time.perf_counter()
+        restarted = group.restart_queued()
+        live = [(key, lane) for key, lane in members if self._lanes.get(key) is lane]
+        for _, lane in live:
+            observation = restarted.get(lane.sub_env.index)
+            if observation is not None:
+                lane.observation = observation
+        acting = time.perf_counter()
+        self.timers.reset_s += acting - received
+        ready = [(key, lane) for key, lane in live if lane.sub_env.ready]
+        self._forward(ready)
+        sending = time.perf_counter()
+        self.timers.forward_s += sending - acting
+        try:
+            group.send({lane.sub_env.index: int(lane.action) for key, lane in ready
+                        if key in self._lanes})  # fmt: skip
+        except Exception as error:  # one C++ call steps them all: they fail together
+            self._failed([key for key, lane in live if key in self._lanes], error)
+        self.timers.env_s += (received - started) + (time.perf_counter() - sending)
+        return finished
+
     def _step_group(self, members: list[tuple[Hashable, _Lane]]) -> list:
         """One call steps every lane of a vector env (see worker.play.atari_vector)."""
         subs = [lane.sub_env for _, lane in members]
@@ -268,9 +315,15 @@ class Rollout:
         except Exception as error:  # one C++ call steps them all: they fail together
             self._failed([key for key, _ in members], error)
             return []
+        return self._absorb(members, result)
+
+    def _absorb(self, members: list[tuple[Hashable, _Lane]], result: Any) -> list:
+        """A vector env's step result into its lanes; the runs it finished."""
         finished = []
-        for sub, (key, lane) in zip(subs, members, strict=True):
-            index = sub.index
+        for key, lane in members:
+            if self._lanes.get(key) is not lane:  # removed, or failed, since the step was sent
+                continue
+            index = lane.sub_env.index
             # A view: the vector env returns new arrays on every step, and a lane's observation
             # is read (by the forward pass) before the group's next step replaces it.
             lane.observation = result.observations[index]

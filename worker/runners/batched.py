@@ -4,8 +4,10 @@
 device): it holds up to N tasks at once, whatever their genomes, keeps each task's weights in
 a slot of the batched engine's GroupedForward on the device (worker/inference/engines/
 torch_grouped), and evaluates every live episode of every task in one forward pass per step.
-Paper-protocol Atari plays on one C++ vector env of N sub-envs, stepped by one call. Episodes
-of different lengths free their slot at once for the next task. On a CUDA device a genome's
+Paper-protocol Atari plays on two C++ vector envs of N/2 sub-envs that take turns (pipelined,
+as Uber's accelerated Deep GA did): while the emulator's threads step one half, the device
+computes the other half's actions, so neither waits for the other. Episodes of different
+lengths free their slot at once for the next task. On a CUDA device a genome's
 seeds are decoded there (worker/evaluation/device_decode.py): only the seeds cross.
 
 The forward pass is float32 (TF32 off on CUDA): a genome is the same policy as on a CPU
@@ -79,6 +81,8 @@ class BatchedSlotRunner(TaskRunner):
 
     The interface is SlotRunner's: the worker's main loop feeds it with start() and drains it
     with step(). `decode_on_device`: decode genomes on the device (default: on a CUDA one).
+    `pipelined`: Atari slots in two halves that take turns (False: one vector env, stepped
+    after the forward pass of every slot).
     """
 
     def __init__(
@@ -89,10 +93,14 @@ class BatchedSlotRunner(TaskRunner):
         timers: StepTimers | None = None,
         env_threads: int = 1,
         decode_on_device: bool | None = None,
+        pipelined: bool = True,
     ) -> None:
-        # One vector env of `capacity` sub-envs per game: every busy slot steps in one call.
-        super().__init__(evaluator, capacity, timers,
-                         EnvCache(evaluator.atari_backend, capacity, env_threads))  # fmt: skip
+        # Per game, `capacity` sub-envs in vector envs stepped by one call each: pipelined, two
+        # halves that take turns, one stepping in the emulator's threads while the other's
+        # actions are computed; else one vector env, stepped after every slot's forward pass.
+        envs = EnvCache(evaluator.atari_backend, capacity, env_threads, pipelined=pipelined)
+        super().__init__(evaluator, capacity, timers, envs)
+        self.pipelined = envs.pipelined
         self.device = resolve_device(device)
         self.decode_on_device = self.device != CPU if decode_on_device is None else decode_on_device
         self._groups: dict[NetworkKey, _SlotGroup] = {}
