@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from neuro.allocator import TCMALLOC, tcmalloc_installed, this_process_allocator
 from neuro.cpus import format_cpu_list, parse_cpu_list
 from neuro.wire import DEFAULT_MASTER, load_token
+from worker.fanout import ENVS_PER_CPU
 from worker.inference.registry import check_preference, preferred_engine
 from worker.play.envs import ATARI_BACKENDS, DEFAULT_ATARI_BACKEND
 
@@ -120,7 +121,7 @@ def worker_parser() -> argparse.ArgumentParser:
         default=int(os.environ.get("NEURO_ENVS", "0")),
         help="env slots in this one process for the batched worker: it leases up to this many "
         "tasks of different individuals and evaluates every live episode in one forward pass "
-        "per step; 0: one per CPU it may use on a CUDA device (or of its share, with several "
+        "per step; 0: two per CPU it may use on a CUDA device (or of its share, with several "
         "devices), else the per-genome worker (--slots) (env NEURO_ENVS; default 0)",
     )
     parser.add_argument(
@@ -269,7 +270,8 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     device = devices[0]
     if args.cpu is not None:
         _check_cpus(parser, args.cpu)
-    envs = args.envs or (len(args.cpu or _allowed_cpus()) if device.startswith("cuda") else 0)
+    cpus = len(args.cpu or _allowed_cpus())
+    envs = args.envs or (ENVS_PER_CPU * cpus if device.startswith("cuda") else 0)
     return WorkerSettings(
         master=args.master,
         worker_id=args.worker_id,

@@ -33,7 +33,21 @@ from neuro.inference import CPU
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Fanout", "Share", "child_stats_file", "host_cores", "plan_shares", "split_devices"]
+__all__ = [
+    "ENVS_PER_CPU",
+    "Fanout",
+    "Share",
+    "child_stats_file",
+    "host_cores",
+    "plan_shares",
+    "split_devices",
+]
+
+
+ENVS_PER_CPU = 2
+"""A batched worker's default env slots per CPU it runs on: its pipeline's two halves then
+hold one sub-env per CPU each, so the emulator's threads have a whole half to step while the
+device computes the other half's actions (worker/runners/batched.py)."""
 
 
 @dataclass(frozen=True)
@@ -55,9 +69,9 @@ def split_devices(
     The allowed CPUs are grouped into physical cores (`core_of`: a CPU -> its core, e.g. its
     first SMT sibling; hardware threads of one core always go together), the cores ordered by
     their lowest CPU, and cut into len(devices) contiguous runs, the first cores % len(devices)
-    one core longer. Each share's envs: `envs` when > 0, else one per CPU of its share (as one
-    batched worker takes one per CPU of the host). ValueError where there are fewer cores than
-    devices, or a GPU is named twice."""
+    one core longer. Each share's envs: `envs` when > 0, else ENVS_PER_CPU per CPU of its
+    share (as one batched worker takes ENVS_PER_CPU per CPU of the host). ValueError where
+    there are fewer cores than devices, or a GPU is named twice."""
     if not devices:
         raise ValueError("no device to split the CPUs among")
     twice = sorted({d for d in devices if d != CPU and devices.count(d) > 1})
@@ -79,7 +93,7 @@ def split_devices(
         end = start + size + (index < longer)
         cpus = tuple(sorted(cpu for core in ordered[start:end] for cpu in core))
         name = f"cpu{index}" if device == CPU else f"gpu{device.partition(':')[2] or 0}"
-        shares.append(Share(device, cpus, envs if envs > 0 else len(cpus), name))
+        shares.append(Share(device, cpus, envs if envs > 0 else ENVS_PER_CPU * len(cpus), name))
         start = end
     return tuple(shares)
 

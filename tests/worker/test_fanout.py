@@ -40,8 +40,8 @@ def test_two_gpus_on_16_cpus_split_by_core_with_siblings_together() -> None:
     # most x86 hosts list them: each GPU gets four whole cores.
     core_of = {cpu: cpu % 8 for cpu in range(16)}
     first, second = split_devices(["cuda:0", "cuda:1"], range(16), core_of)
-    assert first == Share("cuda:0", (0, 1, 2, 3, 8, 9, 10, 11), 8, "gpu0")
-    assert second == Share("cuda:1", (4, 5, 6, 7, 12, 13, 14, 15), 8, "gpu1")
+    assert first == Share("cuda:0", (0, 1, 2, 3, 8, 9, 10, 11), 16, "gpu0")
+    assert second == Share("cuda:1", (4, 5, 6, 7, 12, 13, 14, 15), 16, "gpu1")
     # Siblings numbered next to each other (0/1, 2/3, ...): the same rule, other numbers.
     adjacent = {cpu: cpu - cpu % 2 for cpu in range(16)}
     shares = split_devices(["cuda:0", "cuda:1"], range(16), adjacent)
@@ -51,7 +51,7 @@ def test_two_gpus_on_16_cpus_split_by_core_with_siblings_together() -> None:
 def test_three_gpus_on_8_cpus_the_first_shares_one_core_longer() -> None:
     shares = split_devices(["cuda:0", "cuda:1", "cuda:2"], range(8), {})
     assert [s.cpus for s in shares] == [(0, 1, 2), (3, 4, 5), (6, 7)]
-    assert [s.envs for s in shares] == [3, 3, 2]
+    assert [s.envs for s in shares] == [6, 6, 4]  # two per CPU: a pipeline half each
     assert [s.name for s in shares] == ["gpu0", "gpu1", "gpu2"]
 
 
@@ -67,7 +67,7 @@ def test_a_cpuset_s_own_cpus_are_split_and_envs_given_go_to_each() -> None:
 def test_cpu_entries_may_repeat_and_are_named_by_their_place() -> None:
     shares = split_devices(["cpu", "cpu"], [0, 1], {})
     assert [(s.device, s.cpus, s.envs, s.name) for s in shares] == [
-        ("cpu", (0,), 1, "cpu0"), ("cpu", (1,), 1, "cpu1")
+        ("cpu", (0,), 2, "cpu0"), ("cpu", (1,), 2, "cpu1")
     ]  # fmt: skip
 
 
@@ -184,7 +184,7 @@ def test_several_gpus_make_a_fanout_of_one_worker_per_gpu(monkeypatch) -> None:
     monkeypatch.setattr("worker.fanout.host_cores", lambda cpus: {c: c % 8 for c in cpus})
     shares = settings_of().shares  # --device auto
     assert [(s.device, s.cpus, s.envs) for s in shares] == [
-        ("cuda:0", (0, 1, 2, 3, 8, 9, 10, 11), 8), ("cuda:1", (4, 5, 6, 7, 12, 13, 14, 15), 8)
+        ("cuda:0", (0, 1, 2, 3, 8, 9, 10, 11), 16), ("cuda:1", (4, 5, 6, 7, 12, 13, 14, 15), 16)
     ]  # fmt: skip
     monkeypatch.setenv("NEURO_DEVICE", "cuda:1,cuda:0")
     assert [s.name for s in settings_of("--envs", "64").shares] == ["gpu1", "gpu0"]
@@ -195,8 +195,8 @@ def test_one_gpu_keeps_one_worker_with_an_env_slot_per_cpu_it_may_use(monkeypatc
     gpus(monkeypatch, 1)
     settings = settings_of()
     assert settings.device == "cuda" and not settings.shares
-    assert settings.envs == len(os.sched_getaffinity(0))
-    assert settings_of("--device", "cuda:0", "--cpu", "0").envs == 1  # its --cpu set's CPUs
+    assert settings.envs == 2 * len(os.sched_getaffinity(0))
+    assert settings_of("--device", "cuda:0", "--cpu", "0").envs == 2  # its --cpu set's CPUs
 
 
 def test_the_fanout_refuses_a_cpu_of_its_own_and_a_split_that_cannot_be(capsys) -> None:
