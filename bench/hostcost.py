@@ -138,8 +138,7 @@ def emulator(engine: str, env_id: str, processes: int, seconds: float, num_envs:
                 for core in range(processes)]  # fmt: skip
     for child in children:
         child.start()
-    per_process = sorted((queue.get(timeout=seconds + 300) for _ in children),
-                         key=lambda r: r["core"])  # fmt: skip
+    per_process = _collect(children, queue, seconds + 300)
     for child in children:
         child.join()
     total = sum(r["frames_per_s"] for r in per_process)
@@ -153,6 +152,29 @@ def emulator(engine: str, env_id: str, processes: int, seconds: float, num_envs:
         "frames_per_s_per_core": total / processes,
         "ms_per_env_step": sum(r["ms_per_env_step"] for r in per_process) / processes,
     }
+
+
+def _collect(children: list[Any], queue: Any, timeout: float) -> list[dict]:
+    """Every child's report, by core; SystemExit naming the exit code of a child that died
+    without one (the others, waiting for it at the barrier, are stopped), or the timeout."""
+    import queue as queues
+
+    deadline = time.monotonic() + timeout
+    reports = []
+    while len(reports) < len(children):
+        try:
+            reports.append(queue.get(timeout=1.0))
+            continue
+        except queues.Empty:
+            pass
+        dead = [child.exitcode for child in children if child.exitcode not in (None, 0)]
+        if dead or time.monotonic() > deadline:
+            for child in children:
+                child.terminate()
+            why = (f"exited with code {dead[0]} before reporting" if dead
+                   else f"did not report within {timeout:.0f} s")  # fmt: skip
+            raise SystemExit(f"an emulator process {why} (is ale-py installed, with its ROMs?)")
+    return sorted(reports, key=lambda r: r["core"])
 
 
 def _bandwidth_and_peak(megabytes: int, matrix: int, dtypes: list[str]) -> dict:
@@ -220,11 +242,12 @@ def bandwidth_and_peak(megabytes: int, matrix: int, dtypes: list[str]) -> dict:
     return in_child(_bandwidth_and_peak, megabytes, matrix, dtypes)
 
 
-def in_child(fn: Any, *args: Any) -> Any:
-    """Runs fn in a fresh spawned process, so this one (the master's) never imports torch."""
+def in_child(fn: Any, *args: Any, timeout: float | None = None) -> Any:
+    """Runs fn in a fresh spawned process, so this one (the master's) never imports torch;
+    multiprocessing.TimeoutError after `timeout` seconds (None: no limit)."""
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as pool:
-        return pool.apply(fn, args)
+        return pool.apply_async(fn, args).get(timeout)
 
 
 def dtype_support() -> dict[str, Any]:

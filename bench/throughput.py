@@ -40,6 +40,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.gpu_sampling import GpuSampler  # noqa: E402
 from bench.hostcost import (  # noqa: E402  (after the path insert, so the script runs as a file)
     bandwidth_and_peak,
     cpu_model,
@@ -161,47 +162,70 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
                    *args.worker_arg]  # fmt: skip
         workers.append(subprocess.Popen(command, env=env, cwd=REPO,
                                         preexec_fn=lambda i=index: pin_to(i)))  # fmt: skip
-    gpu = GpuSampler() if args.device == "cuda" else None
+    gpu = GpuSampler() if args.device == "cuda" or args.sample_gpu else None
     try:
         deadline = time.monotonic() + args.timeout
         while fleet.counters().leased == 0 and time.monotonic() < deadline:
             if training.done():
                 training.result()  # raises what stopped the master
+                break
             stop_if_all_exited(workers, "before its first lease")
             await asyncio.sleep(0.01)
+        if fleet.counters().leased == 0 and not training.done():
+            raise SystemExit(f"no worker leased a task within --timeout {args.timeout} s")
         first_lease.append(time.monotonic())
         t0, cpu0 = time.monotonic(), time.process_time()
         before = {s["worker_id"]: s for s in read_stats(stats_dir)}
         if gpu is not None:
             gpu.start()
-        while not training.done():
+        # --training-seconds: the run is measured over that window if it has not ended by then.
+        window_end = t0 + args.training_seconds if args.training_seconds else math.inf
+        while not training.done() and time.monotonic() < window_end:
             if time.monotonic() > deadline:
                 raise SystemExit(f"training did not finish within --timeout {args.timeout} s")
             stop_if_all_exited(workers, "during training")
             await asyncio.sleep(0.05)
-        training.result()
+        complete = training.done()
+        if complete:
+            training.result()
         wall, master_cpu = time.monotonic() - t0, time.process_time() - cpu0
+        # Frames the master has recorded: whole phases, and this phase's finished tasks.
+        recorded = trainer.frames + (0 if complete else current_phase_frames(fleet))
         gpu_utilisation = gpu.stop() if gpu is not None else None
         memory_mib = {"master": memory(os.getpid())}
         for index, w in enumerate(workers):
             memory_mib[f"worker-{index}"] = memory(w.pid)
     finally:
+        if gpu is not None:
+            gpu.stop()
+        stopped = time.monotonic()
         for w in workers:
             w.terminate()  # each writes its final stats on the way out
         for w in workers:
-            w.wait(60)
+            try:
+                w.wait(60)
+            except subprocess.TimeoutExpired:  # a worker that hangs on its way out
+                w.kill()
+                w.wait(10)
         training.cancel()
         await master.stop(0)
     zero = {"steps": 0, "time": 0.0, "forward_calls": 0, "episodes": 0,
             **{f"{k}_s": 0.0 for k in ("env", "forward", "decode", "wait", "reset")}}  # fmt: skip
-    if trainer.frames == 0:
-        raise SystemExit("training played no frame: every task failed (see the workers' log)")
     deltas, allocators, engines = [], set(), set()
     for stats in read_stats(stats_dir):
         allocators.add(stats.get("allocator", "unknown"))
         engines.add(stats.get("inference_engine", "torch"))
         start = before.get(stats["worker_id"], zero)
         deltas.append({k: stats.get(k, 0) - start.get(k, 0) for k in zero})
+    # Every step the workers played, finished episodes or not (their final stats, written as
+    # they stopped): what a window that ends mid-generation is measured by.
+    played = sum(d["steps"] for d in deltas) * FRAMES_PER_STEP
+    if recorded == 0 and played == 0:
+        raise SystemExit("training played no frame: every task failed (see the workers' log)")
+    if complete:
+        rate, source = recorded / wall, "master"
+    else:
+        rate, source = played / (stopped - t0), "workers"
     records = trainer.records
     per_phase = phase_rates(phases, args.workers)
     parts = breakdown(deltas, wall)
@@ -213,9 +237,14 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
         "wall_s": wall,
         "workers": args.workers,
         "generations": len(records),
-        "frames": trainer.frames,
+        "frames": recorded,
         "evaluations": trainer.evaluations,
-        "frames_per_s_per_core": trainer.frames / wall / args.workers,
+        "complete": complete,
+        "window_s": args.training_seconds or None,
+        "played_frames": played,
+        "frames_per_s": rate,
+        "frames_per_s_source": source,
+        "frames_per_s_per_core": rate / args.workers,
         "phases": per_phase,
         "phase_log": phases,
         "elite_samples_per_forward": elite_batching(per_phase, parts),
@@ -226,8 +255,14 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
         "batched_envs": args.batched_envs,
         "device": args.device,
         "gpu_utilisation_percent": gpu_utilisation,
-        "hours_per_1b_frames_on_this_host": 1e9 / (trainer.frames / wall) / 3600,
+        "gpu": gpu.summary() if gpu is not None else None,
+        "hours_per_1b_frames_on_this_host": 1e9 / rate / 3600,
     }
+
+
+def current_phase_frames(fleet: Any) -> int:
+    """Frames of the tasks the master has recorded in the phase now running."""
+    return sum(frames for _, frames in fleet.recorded().values())
 
 
 def stop_if_all_exited(workers: list[subprocess.Popen], when: str) -> None:
@@ -236,32 +271,6 @@ def stop_if_all_exited(workers: list[subprocess.Popen], when: str) -> None:
     if all(w.poll() is not None for w in workers):
         codes = [w.returncode for w in workers]
         raise SystemExit(f"every worker exited {when} (exit codes {codes})")
-
-
-class GpuSampler:
-    """Mean GPU utilisation (percent) over the training run, from nvidia-smi once a second;
-    None where nvidia-smi is missing or says nothing."""
-
-    def __init__(self) -> None:
-        self._samples: list[float] = []
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.ensure_future(self._poll())
-
-    async def _poll(self) -> None:
-        query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
-        while True:
-            with contextlib.suppress(OSError, ValueError, subprocess.SubprocessError):
-                out = await asyncio.to_thread(subprocess.run, query, capture_output=True,
-                                              text=True, timeout=5)  # fmt: skip
-                self._samples.append(float(out.stdout.split()[0]))
-            await asyncio.sleep(1.0)
-
-    def stop(self) -> float | None:
-        if self._task is not None:
-            self._task.cancel()
-        return sum(self._samples) / len(self._samples) if self._samples else None
 
 
 def config_value(config: Any, name: str, default: Any) -> Any:
@@ -455,6 +464,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "runs --workers processes")  # fmt: skip
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="the batched worker's device (with --batched-envs)")  # fmt: skip
+    parser.add_argument("--training-seconds", type=float, default=0.0,
+                        help="measure training over this window from the first lease if the "
+                        "generations have not ended by then (0: until they end)")  # fmt: skip
+    parser.add_argument("--sample-gpu", action="store_true",
+                        help="sample GPU utilisation with --device cpu too")  # fmt: skip
     parser.add_argument("--skip-gym", action="store_true", help="no gymnasium reference")
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--elite-episodes", type=int, default=0, help=argparse.SUPPRESS)
