@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     policy = build_policy(ARCH, ATARI_OBS, gym.spaces.Discrete(18), inference_engine="torch")
     capacity = max(args.batches)
     reference = BatchedPolicies(policy.spec, capacity, device)
-    generator = torch.Generator(device).manual_seed(args.seed)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
     scale = torch.from_numpy(policy.init_scale()).to(device)
     for slot in range(capacity):
         # Drawn on the device: 256 x 4M normals would take the host most of a minute.

@@ -69,7 +69,7 @@ def test_every_variant_at_a_tiny_size(device: str) -> None:
             # It ran in the reduced dtype (its outputs differ), and still computes the net.
             assert 0 < row["max_relative_difference"] < 0.5, row
             assert 0 <= row["agreement"] <= 1
-    assert rows[("float32", 2)]["max_relative_difference"] == 0.0  # the reference itself
+    assert rows[("float32", 2)]["max_relative_difference"] <= 1e-6  # the reference itself
     for batch, best in report["fastest"].items():
         agreeing = [
             r["median_ms"]
