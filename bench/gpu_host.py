@@ -46,6 +46,7 @@ if str(REPO) not in sys.path:
 from bench import throughput  # noqa: E402  (after the path insert, so the script runs as a file)
 from bench.hostcost import cpu_model, emulator, in_child  # noqa: E402
 from neuro.allocator import worker_environment  # noqa: E402
+from worker.fanout import ENVS_PER_CPU  # noqa: E402
 
 TARGET_RATIO = 0.85
 """The issue's bar: training frames/s at least this share of the same host's ceiling."""
@@ -212,7 +213,9 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="the batched worker's (default cuda)")
-    parser.add_argument("--envs", type=int, default=256, help="the batched worker's env slots")
+    parser.add_argument("--envs", type=int, default=None,
+                        help="the batched worker's env slots (default: the worker's own, "
+                        f"{ENVS_PER_CPU} per CPU this process may use)")  # fmt: skip
     parser.add_argument("--population", type=int, default=1000, help="the paper's 1000")
     parser.add_argument("--generations", type=int, default=1)
     parser.add_argument("--workers", type=int, default=os.cpu_count(),
@@ -235,6 +238,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--elite-episodes", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--max-episode-steps", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.envs is None:
+        args.envs = ENVS_PER_CPU * len(os.sched_getaffinity(0))
     if args.envs < 1 or args.population < 1 or args.workers < 1:
         parser.error("--envs, --population and --workers must be >= 1")
     return args
