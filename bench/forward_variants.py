@@ -249,9 +249,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Measures every variant at every batch size; prints a table, returns (and writes) JSON."""
-    started = time.monotonic()
+    """Measures every variant at every batch size; prints a table, returns (and writes) JSON.
+    A failure before the first variant (no such device) is written to the JSON too."""
     args = parse_args(argv)
+    try:
+        return measure_all(args)
+    except Exception as error:  # written down for a host run blind, then re-raised
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            failed = {"device": args.device, "error": f"{type(error).__name__}: {error}"}
+            args.json.write_text(json.dumps(failed, indent=1) + "\n")
+        raise
+
+
+def measure_all(args: argparse.Namespace) -> dict[str, Any]:
+    """The variants x batches table of one run."""
+    started = time.monotonic()
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)

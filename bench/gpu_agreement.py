@@ -372,15 +372,25 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path | None]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs the comparison, writes its JSON (--json) and prints a summary; on a failure the
+    JSON holds the error and the exit code is 1."""
     settings, out = parse_args(argv)
-    report = measure_agreement(settings)
+    try:
+        report = measure_agreement(settings)
+    except Exception as error:  # written down for a host run blind, then re-raised
+        failed = {"settings": dataclasses.asdict(settings), "error": f"{type(error).__name__}: "
+                  f"{error}"}  # fmt: skip
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(failed, indent=1) + "\n")
+        raise
     text = json.dumps(report, indent=1, default=str)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
     steps, scores = report["steps"], report["scores"]
     print(f"greedy actions: {steps['agreeing']:,} of {steps['compared']:,} steps agree "
-          f"({steps['agreement']:.5f}, target {TARGET}) on {settings.device}, "
+          f"({steps['agreement'] or 0:.5f}, target {TARGET}) on {settings.device}, "
           f"{steps['batched_engine']} vs {steps['cpu_engine']}")  # fmt: skip
     print(f"scores: {scores['equal']} of {scores['episodes_compared']} episodes equal, mean "
           f"|difference| {scores['mean_abs_difference']}; genomes agreeing on every step score "
