@@ -66,7 +66,8 @@ class Settings:
     replay_max_steps: int = 0
     """Caps the replayed episodes (0: the genome file's own cap)."""
     time_limit_s: float = 0.0
-    """Stop playing after this long in each part and report what was played (0: no limit)."""
+    """Stop playing after this long in each part and report what was played (0: no limit);
+    the step comparison goes on past it until it has compared a first step."""
     noise_cache_dir: str | None = None
 
 
@@ -180,7 +181,9 @@ def compare_steps(settings: Settings, specs: list[Any], threads: int) -> dict[st
             rollout.add(slot, handle, _Actor(group, slot, policy), spec.episodes,
                         spec.max_episode_steps, spec.env_seed)  # fmt: skip
         done, deadline = {}, _deadline(settings)
-        while len(rollout) and time.monotonic() < deadline:
+        # Past the limit, only until a first step is compared: the envs' seeded resets (a ROM
+        # reload each) can take seconds on a loaded host.
+        while len(rollout) and (time.monotonic() < deadline or not group.steps):
             done.update(rollout.step())
     compared, agreeing = sum(group.steps.values()), sum(group.agreeing.values())
     return {
