@@ -1,6 +1,7 @@
 """The images' Dockerfiles: hadolint-clean, non-root, exec-form, torch-free master, a worker of
-CPU torch by default and CUDA torch by build arg, and a build context that holds what they copy
-(no Docker engine needed)."""
+CPU torch by default and CUDA torch by build arg, MuJoCo in the worker only when asked for, and
+a build context that holds what they copy (no Docker engine needed; tests/containers builds and
+runs the images)."""
 
 from __future__ import annotations
 
@@ -90,11 +91,17 @@ def final_stage(role: str) -> list[Instruction]:
     return parse(DOCKERFILES[role])[-1]
 
 
+def declared_args(path: Path) -> set[str]:
+    """Every build arg the Dockerfile declares, before the first FROM or in a stage."""
+    return {ins.args.partition("=")[0] for ins in instructions(path) if ins.keyword == "ARG"}
+
+
 def build_values(role: str, build_args: dict[str, str]) -> dict[str, str | None]:
-    """The global build args of a `docker build --build-arg ...`: defaults, then the flags."""
+    """The build args of a `docker build --build-arg ...`: the global defaults, then the flags
+    (which may also set an arg only a stage declares)."""
     values = global_args(DOCKERFILES[role])
-    unknown = set(build_args) - set(values)
-    assert not unknown, f"Dockerfile.{role} declares no global ARG {sorted(unknown)}"
+    unknown = set(build_args) - declared_args(DOCKERFILES[role])
+    assert not unknown, f"Dockerfile.{role} declares no ARG {sorted(unknown)}"
     return {**values, **build_args}
 
 
@@ -102,12 +109,15 @@ def stage_args(
     stage: list[Instruction], values: dict[str, str | None], before: Instruction
 ) -> dict[str, str | None]:
     """The build args a stage's instruction `before` sees: a global arg only where the stage
-    declares it again (ARG NAME), as Docker scopes them."""
+    declares it again (ARG NAME), as Docker scopes them; a stage's own default may name the
+    args declared above it."""
     seen: dict[str, str | None] = {}
     for ins in stage[: stage.index(before)]:
         if ins.keyword == "ARG":
             name, sep, default = ins.args.partition("=")
-            seen[name] = values.get(name) if name in values else (default if sep else None)
+            seen[name] = (
+                values[name] if name in values else (expand(default, seen) if sep else None)
+            )
     return seen
 
 
@@ -197,10 +207,12 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(out)
 
 
-def project_install(role: str) -> str:
-    """The target of the builder's one `pip install` of the project itself, e.g. "./[aws]"."""
+def project_install(role: str, **build_args: str) -> str:
+    """The target of the builder's one `pip install` of the project itself, e.g. "./[aws]",
+    with the build args (defaults, then `build_args`) it names filled in."""
+    values = build_values(role, build_args)
     targets = [
-        word
+        expand(word, stage_args(stage, values, ins))
         for stage in parse(DOCKERFILES[role])
         for ins in stage
         if ins.keyword == "RUN" and "pip install" in ins.args
@@ -209,6 +221,11 @@ def project_install(role: str) -> str:
     ]
     assert len(targets) == 1, f"Dockerfile.{role} installs the project {len(targets)} times"
     return targets[0]
+
+
+def extras_of(target: str) -> list[str]:
+    """["worker", "mujoco"] from "./[worker,mujoco]"."""
+    return target.removeprefix("./[").rstrip("]").split(",")
 
 
 def context_files(sources: list[str]) -> list[str]:
@@ -284,21 +301,34 @@ def test_master_image_has_no_torch() -> None:
 
 def extra_installs(role: str) -> list[str]:
     """The packages the builder's `pip install` of the project names beside it."""
-    target = project_install(role)
     (run,) = [ins.args for stage in parse(DOCKERFILES[role]) for ins in stage
-              if ins.keyword == "RUN" and target in shlex.split(ins.args)]  # fmt: skip
+              if ins.keyword == "RUN" and "pip install" in ins.args
+              and any(w.startswith("./") for w in shlex.split(ins.args))]  # fmt: skip
     words = shlex.split(run)
+    words = words[: words.index("&&")] if "&&" in words else words
+    target = next(w for w in words if w.startswith("./"))
     return [w for w in words[words.index(target) + 1 :] if not w.startswith("-")]
 
 
-@pytest.mark.parametrize("role", sorted(DOCKERFILES))
-def test_both_images_can_make_mujoco_envs(role: str) -> None:
+def test_the_master_image_can_make_mujoco_envs() -> None:
     """The master reads a MuJoCo env's spaces (ES with --observation-norm on Hopper-v5, as the
-    README runs it) and the worker plays it: both install the mujoco extra, and imageio, which
-    gymnasium's MuJoCo envs import when made and no extra of the project brings, pinned."""
-    assert "mujoco" in project_install(role).removeprefix("./[").rstrip("]").split(",")
-    pins = [w for w in extra_installs(role) if w.startswith("imageio")]
+    README runs it): it installs the mujoco extra, and imageio, which gymnasium's MuJoCo envs
+    import when made, pinned."""
+    assert "mujoco" in extras_of(project_install("master"))
+    pins = [w for w in extra_installs("master") if w.startswith("imageio")]
     assert len(pins) == 1 and re.fullmatch(r"imageio==\d+(\.\d+)+", pins[0]), pins
+
+
+def test_the_worker_image_has_mujoco_only_when_asked_for() -> None:
+    """MuJoCo and its OpenGL bindings (~110 MB) are in a worker image built for MuJoCo tasks
+    (EXTRAS=worker,mujoco) and in no other; the mujoco extra brings imageio itself."""
+    assert extras_of(project_install("worker")) == ["worker"]
+    assert extras_of(project_install("worker", EXTRAS="worker,mujoco")) == ["worker", "mujoco"]
+    assert not extra_installs("worker"), "the worker pins nothing beside the project"
+    mujoco = PYPROJECT["project"]["optional-dependencies"]["mujoco"]
+    assert any(d.startswith("imageio") for d in mujoco), mujoco
+    build = "docker build -f Dockerfile.worker --build-arg EXTRAS=worker,mujoco "
+    assert build in DOCKERFILES["worker"].read_text(), "the header shows the MuJoCo build"
 
 
 def test_making_a_mujoco_env_needs_imageio() -> None:
@@ -346,42 +376,45 @@ def test_master_listens_for_a_fleet_and_keeps_its_run_on_the_volume() -> None:
     assert env["NEURO_RUN_DIR"].startswith("/data/"), env["NEURO_RUN_DIR"]
 
 
+def torch_install(**build_args: str) -> tuple[Instruction, str, dict[str, str | None]]:
+    """The builder's torch RUN, the torch requirement it names and the args it sees."""
+    builder = parse(DOCKERFILES["worker"])[0]
+    (run,) = [ins for ins in builder if ins.keyword == "RUN" and "torch==" in ins.args]
+    seen = stage_args(builder, build_values("worker", build_args), run)
+    (pin,) = [w for w in shlex.split(run.args) if w.startswith("torch==")]
+    return run, expand(pin, seen), seen
+
+
 def test_worker_installs_the_makefiles_cpu_torch_before_the_project() -> None:
     match = re.search(r"^TORCH_SPEC\s*\?=\s*(\S+)\s*$", (REPO / "Makefile").read_text(), re.M)
     assert match, "Makefile has no TORCH_SPEC ?= line"
     spec = match.group(1)
-    stage = parse(DOCKERFILES["worker"])[0]
-    runs = [ins for ins in stage if ins.keyword == "RUN"]
-    torch_runs = [i for i, ins in enumerate(runs) if spec in shlex.split(ins.args)]
-    # MuJoCo tasks (ES on Hopper-v5, ...) run on the same image.
-    assert project_install("worker") == "./[worker,mujoco]"
-    project_runs = [i for i, ins in enumerate(runs) if "./[worker,mujoco]" in shlex.split(ins.args)]
-    assert len(torch_runs) == 1 and len(project_runs) == 1, [ins.args for ins in runs]
-    assert torch_runs[0] < project_runs[0], "torch must be in place before the project resolves"
-    words = shlex.split(runs[torch_runs[0]].args)
-    index = words[words.index("--index-url") + 1]
-    values = build_values("worker", {})
-    assert expand(index, stage_args(stage, values, runs[torch_runs[0]])) == CPU_INDEX, index
-    # Any other torch mention in an instruction would be a second, unpinned install.
-    mentions = [
-        ins.args for st in parse(DOCKERFILES["worker"]) for ins in st if "torch" in ins.args
-    ]
-    assert mentions == [runs[torch_runs[0]].args], mentions
+    torch_run, pin, seen = torch_install()
+    # The Makefile's version, and PyTorch's CPU build of it: a source holding only PyPI's
+    # (CUDA) build of that version has nothing that matches, so the build fails, not swells.
+    assert pin == f"{spec}+cpu", pin
+    assert seen["TORCH_INDEX_URL"] == CPU_INDEX, seen
+    runs = [ins for ins in parse(DOCKERFILES["worker"])[0] if ins.keyword == "RUN"]
+    project_runs = [i for i, ins in enumerate(runs)
+                    if any(w.startswith("./[") for w in shlex.split(ins.args))]  # fmt: skip
+    assert len(project_runs) == 1, [ins.args for ins in runs]
+    assert runs.index(torch_run) < project_runs[0], "torch must be in place before the project"
+    # No other instruction names a torch requirement: that would be a second install (the
+    # slimming after the project's install only deletes files under torch/).
+    mentions = [ins.args for st in parse(DOCKERFILES["worker"]) for ins in st
+                if ins != torch_run and re.search(r"\btorch\s*[=<>~!]", ins.args)]  # fmt: skip
+    assert not mentions, mentions
 
 
 @pytest.mark.parametrize("torch_index", ["cpu", "cu128"])
 def test_worker_build_arg_picks_cpu_or_cuda_torch(torch_index: str) -> None:
     path = DOCKERFILES["worker"]
-    # One build arg, and a plain `docker build` is the CPU image.
-    assert global_args(path) == {"TORCH_INDEX": "cpu"}
-    values = build_values("worker", {"TORCH_INDEX": torch_index})
-    builder = parse(path)[0]
-    (torch_run,) = [ins for ins in builder if ins.keyword == "RUN" and "torch==" in ins.args]
-    words = shlex.split(torch_run.args)
-    index = words[words.index("--index-url") + 1]
+    # A plain `docker build` is the CPU image on the official base image.
+    assert global_args(path) == {"BASE_IMAGE": "python:3.11-slim-bookworm", "TORCH_INDEX": "cpu"}
     # The builder must declare the arg again, or its RUN sees it unset (".../whl/").
-    seen = stage_args(builder, values, torch_run)
-    assert expand(index, seen) == f"https://download.pytorch.org/whl/{torch_index}", index
+    _, pin, seen = torch_install(TORCH_INDEX=torch_index)
+    assert seen["TORCH_INDEX_URL"] == f"https://download.pytorch.org/whl/{torch_index}", seen
+    assert pin.endswith(f"+{torch_index}"), pin
     # Both builds end on the same final stage, over the same base image.
     chain, base = lineage("worker", TORCH_INDEX=torch_index)
     assert chain[0] == parse(path)[-1] and base == "python:3.11-slim-bookworm"
