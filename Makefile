@@ -11,7 +11,7 @@ WORKERS ?= 2
 # The default shows a population learning: its mean score climbs over 20 generations (~1 min).
 TRAIN_ARGS ?= --generations 20 --no-target
 
-.PHONY: install train test test-fast test-gpu lint deploy-lint stubs clean
+.PHONY: install train test test-fast test-gpu lint deploy-lint stubs clean images test-containers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,23 @@ test-fast: lint
 # saying so, where torch sees none).
 test-gpu: install
 	$(BIN)/python -m pytest -q -m gpu
+
+# Both Docker images, built with the local engine (neuro-master:$(IMAGE_TAG), neuro-worker:...),
+# and the test that builds them and runs a Compose fleet (tests/containers, a few minutes; skipped,
+# saying why, where no Docker engine answers). Empty variables keep the Dockerfiles' defaults;
+# a machine without registry access sets them (DEVELOPERS.md):
+#   DOCKER_BUILD_FLAGS  extra `docker build` flags, e.g. --network host --build-arg BASE_IMAGE=...
+#   TORCH_WHEELS        a local directory holding the torch wheel, served to the worker's build
+IMAGE_TAG ?= 0.1.0
+DOCKER_BUILD_FLAGS ?=
+TORCH_WHEELS ?=
+CONTAINER_ENV = NEURO_DOCKER_BUILD_FLAGS="$(DOCKER_BUILD_FLAGS)" NEURO_TORCH_WHEELS="$(TORCH_WHEELS)"
+
+images: install
+	NEURO_IMAGE_TAG="$(IMAGE_TAG)" $(CONTAINER_ENV) $(BIN)/python -m tests.containers.images
+
+test-containers: install
+	$(CONTAINER_ENV) $(BIN)/python -m pytest -q -s -m containers tests/containers
 
 # ruff, and the import rules of docs/architecture.md (import-linter contracts in pyproject.toml).
 lint: install
