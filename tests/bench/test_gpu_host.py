@@ -86,7 +86,7 @@ def test_a_generation_longer_than_the_window_is_measured_over_it(
     check_figures(result)
     training = result["training"]
     assert not training["complete"] and training["frames_per_s_source"] == "workers"
-    assert training["wall_s"] == pytest.approx(3.0, abs=0.5)
+    assert 3.0 <= training["wall_s"] < 5.0  # the window, and the master's poll after it
     # The frames the worker played over the window (until it was stopped, just after it).
     played_over = training["played_frames"] / training["frames_per_s"]
     assert 3.0 <= played_over < 3.0 + 5.0
