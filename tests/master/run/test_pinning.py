@@ -62,7 +62,7 @@ def test_a_pinned_batched_worker_steps_its_emulators_on_its_own_cpus(argv, threa
 
     built = []
     monkeypatch.setattr("worker.runners.batched.BatchedSlotRunner",
-                        lambda *args: built.append(args))  # fmt: skip
+                        lambda *args, **kwargs: built.append(args))  # fmt: skip
     _batched_runner(settings_of(*argv))(None, 4, None)
     ((_, capacity, device, _, env_threads),) = built
     assert (capacity, device, env_threads) == (4, "cpu", threads)
