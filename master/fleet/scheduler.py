@@ -177,6 +177,7 @@ class Fleet:
         self._finished_task_ids: set[str] = set()
         self._run_complete = False
         self._completed = asyncio.Event()
+        self._presence_closed = asyncio.Event()
         self._attached: dict[str, int] = {}
         """worker id -> the token of its live Attach call (the newest, if it reconnected)."""
         self._attach_tokens = itertools.count(1)
@@ -365,6 +366,24 @@ class Fleet:
     async def until_complete(self) -> None:
         """Returns when the run is complete."""
         await self._completed.wait()
+
+    @property
+    def presence_closed(self) -> bool:
+        return self._presence_closed.is_set()
+
+    def close_presence(self) -> None:
+        """The master is stopping: every presence call ends now (service.Attach), inside the
+        server's grace, rather than being cut at its end."""
+        self._presence_closed.set()
+
+    async def until_complete_or_closed(self) -> None:
+        """Returns when the run is complete or the presence calls are to end."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (self._completed, self._presence_closed)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def attach(self, worker_id: str) -> int | None:
         """A worker's presence call opened: a token for detach(), None if too many are open."""

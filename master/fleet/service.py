@@ -244,13 +244,16 @@ class EvolutionService(pb_grpc.EvolutionServicer):
         try:
             # At once, not with the first update: the worker (or a benchmark) sees it is watched.
             await context.send_initial_metadata(())
-            while not self._fleet.run_complete:
+            while not self._fleet.run_complete and not self._fleet.presence_closed:
                 try:
                     async with asyncio.timeout(ATTACH_UPDATE_S):
-                        await self._fleet.until_complete()
+                        await self._fleet.until_complete_or_closed()
                 except TimeoutError:
                     yield pb.AttachUpdate()
-            yield pb.AttachUpdate(run_complete=True)
+            if self._fleet.run_complete:
+                yield pb.AttachUpdate(run_complete=True)
+            # Else the master is stopping: the call ends with OK and the worker calls again,
+            # finding the master gone (it retries) or restarted.
         finally:
             if self._fleet.run_complete:
                 # The call ended after the run did: the worker heard it and left (it may not

@@ -59,6 +59,9 @@ class Master:
 
     async def stop(self, grace: float = SHUTDOWN_GRACE_S) -> None:
         await self.health.enter_graceful_shutdown()
+        # Presence calls never end on their own: ended here they finish within the grace;
+        # cut by server.stop at its end, gRPC logs each as an unhandled CancelledError.
+        self.trainer.fleet.close_presence()
         await self.server.stop(grace)
 
 
