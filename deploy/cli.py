@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument(
         "--inference-dtype",
         choices=("float32", "bfloat16", "int8", "int8-static"),
-        help="default float32",
+        help="default int8-static, the master's on CPU workers",
     )
     _price_flags(estimate)
     estimate.add_argument("--json", action="store_true", help="print one JSON object")

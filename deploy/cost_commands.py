@@ -115,7 +115,9 @@ def cmd_estimate(
     else:
         frames = cost.PAPER_FRAMES if args.frames is None else args.frames
         budget = f"{frames:,.0f} frames" + (" (the paper's budget)" if args.frames is None else "")
-    key = f"{args.network or 'deepga'}/{args.inference_dtype or 'float32'}"
+    # The table's default is the master's on CPU workers (neuro.inference.default_dtype).
+    network, dtype = cost.throughput_table()["default"].split("/")
+    key = f"{args.network or network}/{args.inference_dtype or dtype}"
     rate = cost.throughput(key)
     region = clients.region if clients is not None else "-"
     worker_price, master_price, unpriced = _prices(clients, args, settings, region)

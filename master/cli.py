@@ -406,6 +406,7 @@ def _resolve_config(
 ) -> tuple[RunConfig, dict[str, Any] | None]:
     """The run's config and the checkpoint it resumes from (None: a new run), or exit 2."""
     from master.run.checkpoint import CheckpointError, load_checkpoint
+    from master.run.local_workers import batched_local_workers, listed_gpus
 
     settings = {s.name: s for s in _settings()}
     overrides = {k: getattr(args, k) for k in settings if getattr(args, k) is not None}
@@ -416,7 +417,9 @@ def _resolve_config(
         resume = load_checkpoint(run_dir) if run_dir.exists() else None
         if resume is None:
             kind = inspect_env_id(args.env)
-            return preset(kind, algorithm=args.algorithm or "ga", **overrides), None
+            batched = batched_local_workers(args.worker_arg, args.local_workers, listed_gpus())
+            config = preset(kind, batched, algorithm=args.algorithm or "ga", **overrides)
+            return config, None
         return _resumed_config(args, run_dir, resume, overrides, settings), resume
     except (ValueError, TypeError, CheckpointError) as error:
         parser.error(str(error))

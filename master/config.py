@@ -18,7 +18,15 @@ from master.algorithms.novelty import NoveltyConfig
 from master.algorithms.registry import ALGORITHMS, get
 from neuro.envs.make import ATARI_DYNAMICS, EnvKind, inspect_env_id
 from neuro.genome import Genome
-from neuro.inference import ARCHITECTURES, INFERENCE_DTYPES, check_combination
+from neuro.inference import (
+    ARCHITECTURES,
+    BATCHED,
+    FLOAT32,
+    INFERENCE_DTYPES,
+    PER_GENOME,
+    check_combination,
+    default_dtype,
+)
 from neuro.layout import ATARI_SHAPE, check_parameter_count, parameter_count, parameter_layout
 from neuro.noise import MAX_NOISE_TABLE_SIZE, PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
 from neuro.runfiles import GENOME_FORMAT
@@ -104,9 +112,11 @@ class RunConfig:
     atari_dynamics: str = "paper"
     """Atari only: "paper" (default: the paper's protocol) or "registered" (the env's own)."""
     inference_dtype: str = "float32"
-    """Forward-pass precision after the exact float32 decode: float32 (default), bfloat16, or
-    int8 (dense layers' weights int8, convolutions bfloat16: the cheapest per step on x86; both
-    may change actions; genome files record it and replay uses it)."""
+    """Forward-pass precision after the exact float32 decode: float32, bfloat16, int8 or
+    int8-static (neuro/inference.py). preset() gives a new GA run on an Atari net int8-static
+    unless its workers are the batched (GPU) runner, else float32; config.json records it, a
+    resumed run keeps it, genome files record it and replay uses it. A config.json without
+    it is float32's, the only dtype there was."""
     noise_table_seed: int = 123
     """Seeds the noise table every worker builds."""
     noise_table_size: int = PAPER_NOISE_TABLE_SIZE
@@ -254,12 +264,14 @@ class RunConfig:
         return document
 
 
-def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
+def preset(kind: EnvKind, batched: bool = False, **overrides: Any) -> RunConfig:
     """Defaults for this kind of env, with the user's explicit settings on top.
 
-    Atari gets the paper's settings. Vector-observation envs get a small, fast GA whose elite
-    is still judged over 30 episodes, so "solved" means what the env's threshold means (one
-    episode for neuro's toy tasks, whose return does not vary).
+    Atari gets the paper's settings, and the GA int8-static unless `batched` (the run's
+    workers are the batched/GPU runner, which runs float32 only; neuro.inference.
+    default_dtype). Vector-observation envs get a small, fast GA whose elite is still judged
+    over 30 episodes, so "solved" means what the env's threshold means (one episode for
+    neuro's toy tasks, whose return does not vary).
     """
     algorithm = overrides.pop("algorithm", "ga")
     sections = get(algorithm).sections
@@ -310,6 +322,13 @@ def preset(kind: EnvKind, **overrides: Any) -> RunConfig:
                          f"(--algo {_using('novelty')})")  # fmt: skip
     # An explicit None is a setting too (target_score=None: no target).
     settings = {**base, **overrides}
+    if "inference_dtype" not in settings:
+        # The study behind the default trained the GA; an ES's gradient estimate from
+        # quantised policies was never measured, so the ES family stays on float32.
+        runner = BATCHED if batched else PER_GENOME
+        settings["inference_dtype"] = (
+            FLOAT32 if "es" in sections else default_dtype(settings["architecture"], runner)
+        )
     return RunConfig(env_id=kind.env_id, atari=kind.atari, ga=ga, algorithm=algorithm, **settings)
 
 

@@ -175,6 +175,19 @@ def dtypes_for(
     )
 
 
+def default_dtype(architecture: str, runner: str) -> str:
+    """The dtype a new run gets when none is given: int8-static for the Atari nets on the
+    per-genome (CPU) runner, float32 elsewhere (the batched runner runs float32 only, and an
+    mlp has no int8-static). Chosen by the learning study (docs/performance.md, "Choosing the
+    Atari default"): at equal core-hours int8-static learned as well as float32 on Frostbite
+    and Seaquest, and a CPU worker plays ~1.5x the frames per core-hour with it."""
+    _check_name("architecture", architecture, ARCHITECTURES)
+    _check_name("runner", runner, RUNNERS)
+    if runner == PER_GENOME and architecture in DTYPE_ARCHITECTURES[INT8_STATIC]:
+        return INT8_STATIC
+    return FLOAT32
+
+
 def batched_runs(dtype: str, architecture: str) -> bool:
     """Whether the batched runner (--envs, a CUDA device) runs this dtype and network."""
     return any(engines_for(dtype, architecture, BATCHED, device) for device in DEVICES)

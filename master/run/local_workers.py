@@ -35,6 +35,30 @@ def local_worker_args(
     return (*(("--device", "cpu") if cpu else ()), *worker_arg, "--give-up-after", "30")
 
 
+def batched_local_workers(worker_arg: Sequence[str], count: int, gpus: int | None) -> bool:
+    """Whether `count` local workers will run the batched runner (so a new run's default dtype
+    is float32, neuro.inference.default_dtype): --worker-arg gives them env slots (--envs) or
+    a GPU (--device cuda...), or one local worker on a host whose NVIDIA driver lists a GPU
+    (`gpus`, listed_gpus), where its default device (auto) makes it the batched worker."""
+    if count < 1:
+        return False
+    device, envs = _worker_flag(worker_arg, "--device"), _worker_flag(worker_arg, "--envs")
+    if envs not in (None, "0") or (device is not None and device != "cpu"):
+        return True
+    return count == 1 and device is None and gpus is not None
+
+
+def _worker_flag(worker_arg: Sequence[str], flag: str) -> str | None:
+    """The last value --worker-arg gives `flag` (as --flag value or --flag=value), or None."""
+    value = None
+    for index, arg in enumerate(worker_arg):
+        if arg == flag and index + 1 < len(worker_arg):
+            value = worker_arg[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def _per_core_workers(count: int, inference_dtype: str, architecture: str) -> bool:
     """Whether local workers are per-core CPU workers; else one worker, which a CUDA host makes
     its batched worker."""

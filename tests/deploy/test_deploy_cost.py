@@ -45,7 +45,7 @@ VCPUS = {"c5.9xlarge": 36, "c5a.8xlarge": 32, "c6i.8xlarge": 32, "c6a.8xlarge": 
 TEMPLATE_TYPES = ["c5.9xlarge", "c5a.8xlarge", "c6i.8xlarge", "c6a.8xlarge"]
 
 
-def data_figure(key: str = "deepga/float32") -> float:
+def data_figure(key: str = "deepga/int8-static") -> float:
     """Frames/s per vCPU as the data file states it, read here without deploy.cost."""
     return float(json.loads(DATA_FILE.read_text())["figures"][key]["frames_per_s_per_vcpu"])
 
@@ -200,7 +200,7 @@ def test_the_paper_frostbite_budget_on_fargate_spot(
     wall = vcpu_hours / 720
     workers_usd, master_usd = vcpu_hours * per_vcpu_hour, wall * float(MASTER_ON_DEMAND)
     assert "budget: 1,000,000,000 frames (the paper's budget)" in out
-    assert f"throughput: {data_figure():,.0f} training frames/s per vCPU, deepga/float32" in out
+    assert f"throughput: {data_figure():,.0f} training frames/s per vCPU, deepga/int8-static" in out
     assert f"compute: {vcpu_hours:,.2f} vCPU-hours of workers" in out
     assert f"wall clock: {wall:,.2f} h at 720 workers (fargate-spot, 1 vCPU and 4096 MiB" in out
     assert (
@@ -335,7 +335,7 @@ def test_bad_values_are_named(
     [
         (["--generations", "10"], "--generations needs --episode-steps"),
         (["--episode-steps", "100"], "go with --generations"),
-        (["--network", "nature"], "no measured throughput for 'nature/float32'"),
+        (["--network", "nature"], "no measured throughput for 'nature/int8-static'"),
     ],
 )
 def test_incomplete_budgets_are_refused(

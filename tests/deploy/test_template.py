@@ -406,13 +406,19 @@ SUB_VALUES = {
     "MutationPower": "0.002",
     "FrameBudget": "1000000000",
     "Cluster": "run1-Cluster-X",
+    "WorkerGpu": "false",
 }
 
 
-def boot_script(template: dict[str, Any], name: str, root: Path) -> str:
-    """A launch template's user data with its ${...} filled in and its paths moved to root."""
+def boot_script(
+    template: dict[str, Any], name: str, root: Path, **values: str
+) -> str:  # fmt: skip
+    """A launch template's user data with its ${...} filled in (SUB_VALUES, then `values`) and
+    its paths moved to root; ${!x} becomes ${x}, as Fn::Sub writes it."""
     text = template["Resources"][name]["Properties"]["LaunchTemplateData"]["UserData"]
-    text = re.sub(r"\$\{([\w:]+)\}", lambda m: SUB_VALUES[m[1]], text["Fn::Base64"]["Fn::Sub"])
+    filled = {**SUB_VALUES, **values}
+    text = re.sub(r"\$\{([\w:]+)\}", lambda m: filled[m[1]], text["Fn::Base64"]["Fn::Sub"])
+    text = text.replace("${!", "${")
     text = text.replace("/opt/aws/bin/cfn-signal", "cfn-signal")
     for path in ("/etc/neuro", "/var/lib/neuro", "/etc/ecs/", "/var/cache/neuro"):
         text = text.replace(path, f"{root}{path}")
@@ -489,6 +495,24 @@ def test_master_boot_starts_the_master_and_signals_success(
     (signal,) = [c for c in calls if c[0] == "cfn-signal"]
     assert signal[1:5] == ["--exit-code", "0", "--reason", "neuro-master is serving"]
     assert "--resource" in signal and signal[signal.index("--resource") + 1] == "Master"
+
+
+@pytest.mark.parametrize(("gpu", "dtype"), [("false", None), ("true", "float32")])
+def test_the_master_runs_float32_for_gpu_workers_and_its_default_for_cpu_ones(
+    template: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu: str,
+    dtype: str | None,
+) -> None:  # fmt: skip
+    root = tmp_path / "root"
+    (root / "var/lib").mkdir(parents=True)
+    script = boot_script(template, "MasterLaunchTemplate", root, WorkerGpu=gpu)
+    code, calls = run_boot(script, tmp_path, FAKE_TOKEN="t0ken",
+                           FAKE_DOCKER_STATE="running 0 healthy")  # fmt: skip
+    assert code == 0
+    (run,) = [c[2:] for c in calls if c[:2] == ["docker", "run"]]
+    flags = run[run.index(SUB_VALUES["MasterImage"]) + 1 :]
+    monkeypatch.setenv("NEURO_ENV", "Frostbite-v4")
+    # None: not given, so the master's default for its env applies.
+    assert master_parser().parse_args(flags).inference_dtype == dtype
 
 
 def test_master_boot_fails_the_stack_when_the_master_restarts(

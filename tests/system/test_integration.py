@@ -144,6 +144,7 @@ def test_short_frostbite_run_with_the_papers_network(tmp_path: Path, noise_cache
     assert done.returncode == 0, done.stderr[-3000:]
     config = json.loads((run_dir / "config.json").read_text())
     assert (config["architecture"], config["atari_dynamics"]) == ("deepga", "paper")
+    assert config["inference_dtype"] == "int8-static"  # the Atari default on CPU workers
     records = read_metrics(run_dir / "metrics.jsonl")
     check_metrics_add_up(records, 4 + 2 * 2)
     # Episodes are capped at 150 agent steps = 600 frames; the paper counts 4 frames a step.

@@ -116,7 +116,8 @@ class BatchedSlotRunner(TaskRunner):
             raise NotRunnableHere(
                 f"the batched worker (--envs, or a GPU) runs {', '.join(served)} only; this "
                 f"task asks for {spec.inference_dtype!r}: run this worker with --device cpu "
-                "and no --envs"
+                "and no --envs, or start the run with neuro-master --inference-dtype float32 "
+                "(a new Atari run on CPU workers defaults to int8-static)"
             )
         handle = self._take_env(task_id, spec)
         try:
