@@ -124,4 +124,6 @@ def test_a_time_limit_reports_what_was_played(noise_cache: Path) -> None:
     steps, scores = report["steps"], report["scores"]
     assert not steps["complete"] and not scores["complete"]
     assert 0 < steps["compared"] < 2 * 5000 and steps["agreement"] is not None
-    assert scores["episodes_compared"] == 0 and scores["equal_fraction"] is None
+    # A short episode may end inside the limit on a fast machine; not both of them.
+    assert scores["episodes_compared"] < 2
+    assert (scores["equal_fraction"] is None) == (scores["episodes_compared"] == 0)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from neuro.noise import NoiseTableSpec
+from tests.support.runners import run_all
 from worker.cli import _batched_runner, worker_parser, worker_settings
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
@@ -25,19 +26,6 @@ def _spec(seeds: tuple[int, ...], env_seed: int, episodes: int, steps: int) -> E
                           max_episode_steps=steps, env_seed=env_seed)  # fmt: skip
 
 
-def _run_all(runner, specs: dict[str, EvaluationSpec]) -> dict[str, tuple]:
-    """Feeds every task as slots free up; each task's returns and frames."""
-    waiting, results = list(specs), {}
-    while waiting or runner.busy:
-        while waiting and runner.free:
-            task_id = waiting.pop(0)
-            runner.start(task_id, task_id, specs[task_id])
-        for task_id, _, evaluation in runner.step():
-            assert not evaluation.error, evaluation.error
-            results[task_id] = (evaluation.returns, evaluation.frames)
-    return results
-
-
 @pytest.mark.slow  # seconds: the batched CPU forward pass is slow
 def test_pipelined_batched_runner_scores_every_atari_task_as_the_per_genome_runner(
     noise_cache: Path,
@@ -49,10 +37,10 @@ def test_pipelined_batched_runner_scores_every_atari_task_as_the_per_genome_runn
         for i in range(8)
     }
     evaluator = Evaluator(str(noise_cache), atari_backend=VECTOR)
-    reference = _run_all(SlotRunner(evaluator, 1), specs)
+    reference = run_all(SlotRunner(evaluator, 1), specs)
     runner = BatchedSlotRunner(evaluator, 4, "cpu")
     assert runner.pipelined
-    pipelined = _run_all(runner, specs)
+    pipelined = run_all(runner, specs)
     assert pipelined == reference
     halves = runner._envs._groups["frostbite"]
     assert [half.size for half in halves] == [2, 2] and all(h.pipelined for h in halves)

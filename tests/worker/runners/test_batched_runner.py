@@ -21,6 +21,7 @@ import pytest
 from neuro.noise import NoiseTableSpec
 from tests.support.harness import live_master
 from tests.support.processes import REPO, spawn_worker, stop_processes, worker_env
+from tests.support.runners import run_all
 from tests.support.tiny import long_elite_tasks
 from worker.cli import worker_parser, worker_settings
 from worker.evaluation.evaluator import Evaluator
@@ -36,28 +37,15 @@ def _spec(seeds: tuple[int, ...], env_seed: int, **overrides) -> EvaluationSpec:
     return EvaluationSpec("CartPole-v1", seeds, 0.5, TABLE, "mlp", (16,), **{**fields, **overrides})
 
 
-def _run_all(runner, specs: dict[str, EvaluationSpec]) -> dict[str, list[float]]:
-    """Feeds every task as slots free up; the returns of each."""
-    waiting, returns = list(specs), {}
-    while waiting or runner.busy:
-        while waiting and runner.free:
-            task_id = waiting.pop(0)
-            runner.start(task_id, task_id, specs[task_id])
-        for task_id, _, evaluation in runner.step():
-            assert not evaluation.error, evaluation.error
-            returns[task_id] = evaluation.returns
-    return returns
-
-
 def test_batched_runner_scores_every_task_as_the_per_genome_runner(noise_cache: Path) -> None:
     specs = {f"t{i}": _spec(tuple(range(i + 1)), 1000 + i) for i in range(7)}
     evaluator = Evaluator(str(noise_cache))
-    reference = _run_all(SlotRunner(evaluator, 1), specs)
+    reference = run_all(SlotRunner(evaluator, 1), specs)
     runner = BatchedSlotRunner(evaluator, 4, "cpu")
     forward_calls = runner.timers.forward_calls
-    batched = _run_all(runner, specs)
+    batched = run_all(runner, specs)
     assert batched == reference
-    assert len({tuple(r) for r in reference.values()}) > 1  # the genomes play differently
+    assert len({tuple(returns) for returns, _ in reference.values()}) > 1  # genomes differ
     # Four different genomes at a time in one forward pass: far fewer passes than steps.
     assert runner.timers.forward_calls - forward_calls < runner.timers.steps / 2
     assert runner.free == 4 and not runner.busy
@@ -71,10 +59,10 @@ def test_genomes_decoded_on_the_device_score_as_decoded_on_the_host(
     parameters bit for bit, so every task scores the same."""
     specs = {f"t{i}": _spec(tuple(range(3 * i, 3 * i + i + 1)), 2000 + i) for i in range(6)}
     evaluator = Evaluator(str(noise_cache))
-    on_host = _run_all(BatchedSlotRunner(evaluator, 3, device, decode_on_device=False), specs)
+    on_host = run_all(BatchedSlotRunner(evaluator, 3, device, decode_on_device=False), specs)
     runner = BatchedSlotRunner(evaluator, 3, device, decode_on_device=True)
     assert runner.decode_on_device and runner.device == device
-    assert _run_all(runner, specs) == on_host
+    assert run_all(runner, specs) == on_host
     if device == "cuda":
         assert BatchedSlotRunner(evaluator, 2, device).decode_on_device  # the default there
     decoders = list(evaluator._device_decoders.values())

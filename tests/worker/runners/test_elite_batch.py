@@ -13,6 +13,7 @@ import pytest
 
 from neuro.inference import FLOAT32, INT8_STATIC
 from neuro.noise import NoiseTableSpec
+from tests.support.runners import run_all
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
 from worker.inference.policy import Policy
@@ -30,18 +31,6 @@ def _spec(env_seed: int, dtype: str) -> EvaluationSpec:
                           env_seed=env_seed, inference_dtype=dtype)  # fmt: skip
 
 
-def _run(runner: SlotRunner, specs: dict[str, EvaluationSpec]) -> dict[str, tuple]:
-    waiting, results = list(specs), {}
-    while waiting or runner.busy:
-        while waiting and runner.free:
-            task_id = waiting.pop(0)
-            runner.start(task_id, task_id, specs[task_id])
-        for task_id, _, evaluation in runner.step():
-            assert not evaluation.error, evaluation.error
-            results[task_id] = (evaluation.returns, evaluation.frames)
-    return results
-
-
 @pytest.mark.slow  # seconds of emulation
 @pytest.mark.parametrize("dtype", [INT8_STATIC, FLOAT32])
 def test_an_elites_episodes_in_one_batch_play_as_they_play_alone(
@@ -49,7 +38,7 @@ def test_an_elites_episodes_in_one_batch_play_as_they_play_alone(
 ) -> None:
     specs = {f"e{i}": _spec(300 + i, dtype) for i in range(EPISODES)}
     evaluator = Evaluator(str(noise_cache), atari_backend=VECTOR)
-    alone = _run(SlotRunner(evaluator, 1), specs)
+    alone = run_all(SlotRunner(evaluator, 1), specs)
 
     # Every batched call's rows, to recompute each row alone under the same loaded policy.
     calls: list[tuple[Policy, np.ndarray, np.ndarray]] = []
@@ -64,7 +53,7 @@ def test_an_elites_episodes_in_one_batch_play_as_they_play_alone(
 
     monkeypatch.setattr(Policy, "act_batch", recording)
     runner = SlotRunner(evaluator, EPISODES)
-    batched = _run(runner, specs)
+    batched = run_all(runner, specs)
     monkeypatch.undo()
 
     rows = sum(len(actions) for _, actions, _ in calls)
