@@ -20,7 +20,10 @@ dense weights once (an OR over their bytes, this core's read bandwidth) would re
 floor is physics on this core (its caches and bandwidth), not a property of the code: a
 target above it cannot be met here by any pass that reads these weights once a step.
 
-    python bench/offspring_budget.py [--dtype int8-static] [--tasks 12] [--json FILE]
+    LD_PRELOAD=libtcmalloc_minimal.so.4 python bench/offspring_budget.py [--dtype int8-static] \
+        [--tasks 16] [--json FILE]
+
+(tcmalloc as the workers that neuro starts, and the worker image, preload it.)
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import numpy as np  # noqa: E402
 
 from bench.hostcost import _vector_env, cpu_model, pin_to  # noqa: E402
 from master.config import ATARI_TRAINING_EPISODE_STEPS  # noqa: E402
+from neuro.allocator import this_process_allocator  # noqa: E402
 from neuro.inference import FLOAT32, INT8_STATIC  # noqa: E402
 from neuro.noise import NoiseTableSpec  # noqa: E402
 
@@ -297,6 +301,7 @@ def main(argv: list[str] | None = None) -> dict:
             **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "core": core,
             "cpu_model": cpu_model(),
+            "allocator": this_process_allocator(),
         },
         "engine": policies[0].inference_engine,
         "emulator_ms": {"before": before, "after": after, "mean": emulator},
@@ -316,7 +321,8 @@ def print_budget(result: dict) -> None:
     summary = result["budget"]
     print(
         f"{result['settings']['dtype']} on {result['engine']}, core {result['settings']['core']}"
-        f" ({result['settings']['cpu_model']}), {result['runner']['steps']} offspring steps"
+        f" ({result['settings']['cpu_model']}, {result['settings']['allocator']} malloc), "
+        f"{result['runner']['steps']} offspring steps"
     )
     for name, ms in summary["ms_per_step"].items():
         without = summary["ratio_without"].get(name)

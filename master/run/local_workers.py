@@ -18,6 +18,9 @@ from neuro.inference import batched_runs
 
 log = logging.getLogger(__name__)
 
+PLACEMENT_FLAGS = ("--device", "--envs", "--cpu")
+"""Worker flags that say where a worker runs: a --worker-arg naming one places the workers."""
+
 
 def local_worker_args(
     worker_arg: Sequence[str], count: int, inference_dtype: str, architecture: str
@@ -46,6 +49,11 @@ def batched_local_workers(worker_arg: Sequence[str], count: int, gpus: int | Non
     if envs not in (None, "0") or (device is not None and device != "cpu"):
         return True
     return count == 1 and device is None and gpus is not None
+
+
+def _placed_by_user(worker_arg: Sequence[str]) -> bool:
+    """Whether --worker-arg names a placement flag (as --flag value or --flag=value)."""
+    return any(arg.split("=")[0] in PLACEMENT_FLAGS for arg in worker_arg)
 
 
 def _worker_flag(worker_arg: Sequence[str], flag: str) -> str | None:
@@ -79,8 +87,7 @@ def local_worker_cpus(
     that may be the batched one (it uses every core), or one the user placed (--worker-arg
     naming --device, --envs or --cpu)."""
     per_core = _per_core_workers(count, inference_dtype, architecture)
-    placed = any(arg.split("=")[0] in ("--device", "--envs", "--cpu") for arg in worker_arg)
-    if not per_core or placed or not 0 < count <= len(allowed):
+    if not per_core or _placed_by_user(worker_arg) or not 0 < count <= len(allowed):
         return ()
     return tuple(sorted(allowed, key=lambda cpu: (_sibling_rank(cpu), cpu))[:count])
 
@@ -97,7 +104,7 @@ def describe_local_workers(
     to (pinned_cpus); `gpus`: the GPUs the NVIDIA driver lists here (listed_gpus), None where
     it lists none. The master imports no torch: the worker itself decides what auto means."""
     plural = "s" if count != 1 else ""
-    if any(arg.split("=")[0] in ("--device", "--envs", "--cpu") for arg in worker_arg):
+    if _placed_by_user(worker_arg):
         return f"{count} local worker{plural}, placed by --worker-arg: {' '.join(worker_arg)}"
     if _per_core_workers(count, inference_dtype, architecture):
         where = f"pinned to CPUs {format_cpu_list(cpus)}" if cpus else "not pinned"
