@@ -42,6 +42,20 @@ def worker_environment(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def allocator_advice(allocator: str, env: Mapping[str, str], installed: bool) -> str | None:
+    """What a worker running on `allocator` should be told, or None: how to get tcmalloc where
+    it runs on the system's malloc and nothing chose that (LD_PRELOAD unset in `env`).
+    `installed`: tcmalloc_installed()."""
+    if allocator != "system" or "LD_PRELOAD" in env:
+        return None
+    if installed:
+        return (f"tcmalloc is installed but not preloaded: LD_PRELOAD={TCMALLOC} makes an "
+                "Atari step 5-10% faster (docs/performance.md)")  # fmt: skip
+    return ("running on the system's malloc: with tcmalloc an Atari step takes 5-10% less "
+            "(Debian/Ubuntu: apt-get install libtcmalloc-minimal4; neuro's local workers "
+            f"then preload it, or set LD_PRELOAD={TCMALLOC}; docs/performance.md)")  # fmt: skip
+
+
 def allocator_in_use(maps: Path = Path("/proc/self/maps")) -> str:
     """ "tcmalloc" or "jemalloc" where one is mapped into this process, else "system"."""
     try:

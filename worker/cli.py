@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuro.allocator import TCMALLOC, tcmalloc_installed, this_process_allocator
+from neuro.allocator import allocator_advice, tcmalloc_installed, this_process_allocator
 from neuro.cpus import format_cpu_list, parse_cpu_list
 from neuro.wire import DEFAULT_MASTER, load_token
 from worker.fanout import ENVS_PER_CPU
@@ -437,11 +437,9 @@ def run_worker(settings: WorkerSettings) -> int:
         plural = "s" if len(settings.cpus) > 1 else ""
         logging.info("worker %s pinned to CPU%s %s", client.worker_id, plural,
                      format_cpu_list(settings.cpus))  # fmt: skip
-    if allocator == "system" and "LD_PRELOAD" not in os.environ and tcmalloc_installed():
-        logging.info(
-            "tcmalloc is installed but not preloaded: LD_PRELOAD=%s makes an Atari step a few "
-            "per cent faster (docs/performance.md)", TCMALLOC,
-        )  # fmt: skip
+    advice = allocator_advice(allocator, os.environ, tcmalloc_installed())
+    if advice is not None:
+        logging.info("worker %s: %s", client.worker_id, advice)
     watcher = _watch_spot_notices(settings, client.stop)
     try:
         code = client.run()

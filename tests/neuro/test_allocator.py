@@ -10,7 +10,13 @@ import pytest
 
 from master.run.local_workers import LocalWorkers
 from neuro import allocator
-from neuro.allocator import TCMALLOC, allocator_in_use, tcmalloc_installed, worker_environment
+from neuro.allocator import (
+    TCMALLOC,
+    allocator_advice,
+    allocator_in_use,
+    tcmalloc_installed,
+    worker_environment,
+)
 from tests.support.processes import REPO
 
 REPORT = "from neuro.allocator import allocator_in_use; print(allocator_in_use())"
@@ -75,3 +81,15 @@ def test_local_workers_start_with_the_worker_environment(monkeypatch):
     LocalWorkers("127.0.0.1:1", 2).start()
     assert [env["LD_PRELOAD"] for env in started] == [TCMALLOC, TCMALLOC]
     assert all(env["OMP_NUM_THREADS"] for env in started)
+
+
+def test_a_worker_on_the_system_malloc_is_told_how_to_get_tcmalloc():
+    missing = allocator_advice("system", {}, installed=False)
+    assert "apt-get install libtcmalloc-minimal4" in missing
+    installed = allocator_advice("system", {"PATH": "/usr/bin"}, installed=True)
+    assert f"LD_PRELOAD={TCMALLOC}" in installed and "not preloaded" in installed
+    # Nothing to say where tcmalloc (or another allocator) runs, or where LD_PRELOAD chose,
+    # even an empty one (the way to opt out).
+    assert allocator_advice("tcmalloc", {}, installed=True) is None
+    assert allocator_advice("jemalloc", {}, installed=False) is None
+    assert allocator_advice("system", {"LD_PRELOAD": ""}, installed=True) is None
