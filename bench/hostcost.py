@@ -80,6 +80,26 @@ def _vector_env(env_id: str, num_envs: int) -> Any:
                           reward_clipping=False, episodic_life=False)  # fmt: skip
 
 
+def step_vector_env(env: Any, seconds: float, rng: Any) -> tuple[int, int, int, float]:
+    """Steps a reset C++ vector env with random actions for `seconds`: (frames, env steps,
+    episodes, wall seconds)."""
+    import numpy as np
+
+    num_envs = env.num_envs
+    n_actions = int(env.single_action_space.n)
+    steps = frames = episodes = 0
+    resetting = np.zeros(num_envs, dtype=bool)
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        _, _, terminated, truncated, _ = env.step(rng.integers(n_actions, size=num_envs))
+        # Autoreset (next step): the step after an episode's end only resets that env.
+        frames += 4 * int(num_envs - resetting.sum())
+        resetting = terminated | truncated
+        episodes += int(resetting.sum())
+        steps += num_envs
+    return frames, steps, episodes, time.perf_counter() - started
+
+
 def _emulator_child(engine: str, env_id: str, core: int, seconds: float, num_envs: int,
                     barrier: Any, queue: Any) -> None:  # fmt: skip
     """Steps one env (or one vector of num_envs) with random actions on one pinned core."""
@@ -90,29 +110,19 @@ def _emulator_child(engine: str, env_id: str, core: int, seconds: float, num_env
     if engine == "vector":
         env = _vector_env(env_id, num_envs)
         env.reset(seed=core)
-        n_actions = int(env.single_action_space.n)
+        # Every process starts stepping at once: they share the L3 and the memory bus.
+        barrier.wait()
+        frames, steps, episodes, wall = step_vector_env(env, seconds, rng)
+        env.close()
     else:
         from neuro.envs.make import make_env
 
         handle = make_env(env_id)
         handle.env.reset(seed=core)
         n_actions = int(handle.env.action_space.n)
-        num_envs = 1
-    barrier.wait()  # every process starts stepping at once: they share the L3 and memory bus
-    steps = frames = episodes = 0
-    started = time.perf_counter()
-    if engine == "vector":
-        resetting = np.zeros(num_envs, dtype=bool)
-        while time.perf_counter() - started < seconds:
-            _, _, terminated, truncated, _ = env.step(rng.integers(n_actions, size=num_envs))
-            # Autoreset (next step): the step after an episode's end only resets that env.
-            frames += 4 * int(num_envs - resetting.sum())
-            resetting = terminated | truncated
-            episodes += int(resetting.sum())
-            steps += num_envs
-        env.close()
-    else:
-        episode_steps = 0
+        barrier.wait()
+        steps = frames = episodes = episode_steps = 0
+        started = time.perf_counter()
         while time.perf_counter() - started < seconds:
             _, _, terminated, truncated, _ = handle.env.step(int(rng.integers(n_actions)))
             steps += 1
@@ -123,7 +133,7 @@ def _emulator_child(engine: str, env_id: str, core: int, seconds: float, num_env
                 episode_steps = 0
                 handle.env.reset()
         frames += handle.frames_used(episode_steps)
-    wall = time.perf_counter() - started
+        wall = time.perf_counter() - started
     queue.put({"core": core, "frames": frames, "env_steps": steps, "episodes": episodes,
                "wall_s": wall, "frames_per_s": frames / wall,
                "ms_per_env_step": wall / max(1, steps) * 1e3})  # fmt: skip

@@ -44,7 +44,7 @@ if str(REPO) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from bench.hostcost import _vector_env, cpu_model, pin_to  # noqa: E402
+from bench.hostcost import _vector_env, cpu_model, pin_to, step_vector_env  # noqa: E402
 from master.config import ATARI_TRAINING_EPISODE_STEPS  # noqa: E402
 from neuro.allocator import this_process_allocator  # noqa: E402
 from neuro.inference import FLOAT32, INT8_STATIC  # noqa: E402
@@ -56,16 +56,11 @@ SIGMA = 0.002
 
 
 def emulator_ms(env_id: str, seconds: float) -> float:
-    """ms per agent step of the C++ vector env alone, one env, random actions."""
+    """ms per agent step of the C++ vector env alone, one env, random actions: the ceiling's
+    own loop (bench/hostcost.py), in this process on its core."""
     env = _vector_env(env_id, 1)
     env.reset(seed=0)
-    rng = np.random.default_rng(0)
-    n_actions = int(env.single_action_space.n)
-    steps, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        env.step(rng.integers(n_actions, size=1))
-        steps += 1
-    wall = time.perf_counter() - started
+    _, steps, _, wall = step_vector_env(env, seconds, np.random.default_rng(0))
     env.close()
     return wall / steps * 1e3
 

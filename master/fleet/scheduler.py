@@ -363,10 +363,6 @@ class Fleet:
         if value:
             self._completed.set()
 
-    async def until_complete(self) -> None:
-        """Returns when the run is complete."""
-        await self._completed.wait()
-
     @property
     def presence_closed(self) -> bool:
         return self._presence_closed.is_set()
