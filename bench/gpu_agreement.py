@@ -9,7 +9,7 @@ each play E episodes of Frostbite under the paper's protocol, two ways:
           --device; the share of steps where the two greedy actions agree;
   scores  each path plays its own episodes from the same env seeds: the per-genome path's
           are the episodes above, the batched path's come from the batched runner itself
-          (BatchedSlotRunner, decoding on the device as a GPU worker does).
+          (BatchedRunner, decoding on the device as a GPU worker does).
 
 A genome whose every step agreed must score the same on both paths (same seeds, same actions,
 a deterministic emulator): the JSON says whether that held. --genome replays a saved genome
@@ -211,9 +211,9 @@ def batched_scores(
     settings: Settings, specs: list[Any], threads: int
 ) -> tuple[dict[int, list[float]], bool]:
     """Every spec played by the batched runner on the device, as a GPU worker plays tasks."""
-    from worker.runners.batched import BatchedSlotRunner
+    from worker.runners.batched import BatchedRunner
 
-    runner = BatchedSlotRunner(_evaluator(settings), len(specs), settings.device,
+    runner = BatchedRunner(_evaluator(settings), len(specs), settings.device,
                                env_threads=threads)  # fmt: skip
     for slot, spec in enumerate(specs):
         runner.start(str(slot), slot, spec)

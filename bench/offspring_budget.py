@@ -4,7 +4,7 @@ bench/throughput.py measures the whole fleet's ratio to the C++ emulator's ceili
 why it is what it is, measured in one process pinned to one core, in one run:
 
 - emulator: the C++ vector env alone under the paper's protocol (the ceiling's own loop);
-- runner: the per-genome worker's runner (SlotRunner, one task at a time, as a worker runs
+- runner: the per-genome worker's runner (PerGenomeRunner, one task at a time, as a worker runs
   offspring) playing offspring of one parent, its wall time per agent step and its timers
   (env, forward, seeded reset, decode, the rest);
 - dense: the dense layer alone, the engine's own op (ONNX Runtime's MatMulInteger for
@@ -93,10 +93,10 @@ def runner_step(offspring: Offspring, tasks: int) -> tuple[dict, Any]:
     and by timer; and the evaluator (its policies are the dense and forward parts' genomes)."""
     from worker.evaluation.evaluator import Evaluator
     from worker.play.envs import VECTOR
-    from worker.runners.per_genome import SlotRunner
+    from worker.runners.per_genome import PerGenomeRunner
 
     evaluator = Evaluator(atari_backend=VECTOR)
-    runner = SlotRunner(evaluator, 1)
+    runner = PerGenomeRunner(evaluator, 1)
     runner.start("warm-up", None, offspring.spec(tasks))
     while runner.busy:
         runner.step()

@@ -72,7 +72,7 @@ class WorkerSettings:
     worker_settings)."""
     envs: int = 0
     """> 0: the batched worker, this many env slots of different individuals stepped together
-    with one forward pass; 0: the per-genome worker (SlotRunner, --slots)."""
+    with one forward pass; 0: the per-genome worker (PerGenomeRunner, --slots)."""
     cpus: tuple[int, ...] | None = None
     """The logical CPUs every thread of this worker runs on (--cpu); None: the scheduler's."""
     shares: tuple[Share, ...] = ()
@@ -519,14 +519,14 @@ def _batched_runner(settings: WorkerSettings) -> Callable:
     """Builds the batched runner in the main thread: `envs` slots on the device, the C++
     vector env stepping them with one thread per CPU this worker may use (on a CPU device,
     one thread unless it was pinned to several)."""
-    from worker.runners.batched import BatchedSlotRunner
+    from worker.runners.batched import BatchedRunner
 
     cpus = len(settings.cpus or _allowed_cpus())
     several = settings.device != "cpu" or (settings.cpus is not None and len(settings.cpus) > 1)
     threads = max(1, min(settings.envs, cpus)) if several else 1
 
-    def build(evaluator: Any, capacity: int, timers: Any) -> BatchedSlotRunner:
-        return BatchedSlotRunner(evaluator, capacity, settings.device, timers, threads,
+    def build(evaluator: Any, capacity: int, timers: Any) -> BatchedRunner:
+        return BatchedRunner(evaluator, capacity, settings.device, timers, threads,
                                  pipelined=settings.pipeline)  # fmt: skip
 
     return build

@@ -34,7 +34,7 @@ from worker.evaluation.spec import EvaluationSpec
 from worker.limits import MAX_PARAMS, check_spec
 from worker.play.envs import EnvBuildError, NotRunnableHere
 from worker.play.rollout import StepTimers
-from worker.runners.per_genome import SlotRunner
+from worker.runners.per_genome import PerGenomeRunner
 
 log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 10.0
@@ -260,7 +260,7 @@ class WorkerClient:
     @property
     def batched(self) -> bool:
         """Runs tasks of different genomes together (worker.runners.batched): it leases and
-        starts up to `slots` of them at once, where a SlotRunner runs one genome at a time."""
+        starts up to `slots` of them at once, where a PerGenomeRunner runs one genome at a time."""
         return self._runner_factory is not None
 
     def stop(self) -> None:
@@ -298,7 +298,7 @@ class WorkerClient:
         if self._runner_factory is not None:
             runner = self._runner_factory(self.evaluator, self.slots, self.timers)
         else:
-            runner = SlotRunner(self.evaluator, self.slots, self.timers)
+            runner = PerGenomeRunner(self.evaluator, self.slots, self.timers)
         while True:
             with self._wake:
                 for task_id in shared.cancelled:

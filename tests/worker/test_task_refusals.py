@@ -20,8 +20,8 @@ from worker.cli import worker_parser, worker_settings
 from worker.client import WorkerClient, spec_from_task
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
-from worker.runners.batched import BatchedSlotRunner
-from worker.runners.per_genome import SlotRunner
+from worker.runners.batched import BatchedRunner
+from worker.runners.per_genome import PerGenomeRunner
 
 TABLE = NoiseTableSpec(seed=123, size=2**16)
 HIDDEN = (8,)
@@ -78,7 +78,7 @@ def test_a_refused_step_is_reported_as_failed_and_not_played(tmp_path: Path) -> 
     evaluator = Evaluator(str(tmp_path))
     evaluator.set_parameters(1, np.zeros(PENDULUM_PARAMETERS, dtype=np.float32))
     client = WorkerClient("127.0.0.1:1", "w", evaluator)
-    runner = SlotRunner(evaluator, 2)
+    runner = PerGenomeRunner(evaluator, 2)
     task = _es_task(sign=7)
     client._shared.running[task.task_id] = task
     client._start(runner, task)
@@ -107,7 +107,7 @@ def _fetched(observation_size: int) -> np.ndarray:
 
 
 def _runners(evaluator: Evaluator) -> dict[str, object]:
-    return {"per-genome": SlotRunner(evaluator, 2), "batched": BatchedSlotRunner(evaluator, 2)}
+    return {"per-genome": PerGenomeRunner(evaluator, 2), "batched": BatchedRunner(evaluator, 2)}
 
 
 @pytest.mark.parametrize("kind", ["per-genome", "batched"])

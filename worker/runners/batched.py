@@ -1,6 +1,6 @@
 """Many tasks of different individuals in one worker: one batched forward pass per step.
 
-`BatchedSlotRunner` is `SlotRunner`'s counterpart for `neuro-worker --envs N` (and a CUDA
+`BatchedRunner` is `PerGenomeRunner`'s counterpart for `neuro-worker --envs N` (and a CUDA
 device): it holds up to N tasks at once, whatever their genomes, keeps each task's weights in
 a slot of the batched engine's GroupedForward on the device (worker/inference/engines/
 torch_grouped), and evaluates every live episode of every task in one forward pass per step.
@@ -37,7 +37,7 @@ from worker.play.envs import EnvCache, NotRunnableHere
 from worker.play.rollout import StepTimers
 from worker.runners.base import RunningTask, TaskRunner
 
-__all__ = ["BatchedSlotRunner"]
+__all__ = ["BatchedRunner"]
 
 
 @dataclass(eq=False)
@@ -76,10 +76,10 @@ class _SlotActor:
         return self.batch_group.act_rows([self] * len(observations), observations)
 
 
-class BatchedSlotRunner(TaskRunner):
+class BatchedRunner(TaskRunner):
     """Runs up to `capacity` tasks' episodes in lockstep, one forward pass per step for all.
 
-    The interface is SlotRunner's: the worker's main loop feeds it with start() and drains it
+    The interface is PerGenomeRunner's: the worker's main loop feeds it with start() and drains it
     with step(). `decode_on_device`: decode genomes on the device (default: on a CUDA one).
     `pipelined`: Atari slots in two halves that take turns (False: one vector env, stepped
     after the forward pass of every slot).
@@ -106,7 +106,7 @@ class BatchedSlotRunner(TaskRunner):
         self._groups: dict[NetworkKey, _SlotGroup] = {}
 
     def __repr__(self) -> str:
-        return f"BatchedSlotRunner(busy={len(self._tasks)}/{self.capacity}, {self.device})"
+        return f"BatchedRunner(busy={len(self._tasks)}/{self.capacity}, {self.device})"
 
     def start(self, task_id: str, task: Any, spec: EvaluationSpec) -> None:
         """Takes a task into a free slot; EnvBuildError if its env cannot be built here,

@@ -21,7 +21,7 @@ from worker.play.envs import EnvCache
 from worker.play.rollout import StepTimers
 from worker.runners.base import RunningTask, TaskRunner
 
-__all__ = ["SlotRunner"]
+__all__ = ["PerGenomeRunner"]
 
 
 @dataclass
@@ -30,7 +30,7 @@ class _LoadedPolicy:
     users: int
 
 
-class SlotRunner(TaskRunner):
+class PerGenomeRunner(TaskRunner):
     """Runs up to `capacity` tasks' episodes in lockstep; the caller feeds and drains it."""
 
     def __init__(self, evaluator: Evaluator, capacity: int, timers: StepTimers | None = None):
@@ -42,7 +42,8 @@ class SlotRunner(TaskRunner):
         self._spare_policies: dict[NetworkKey, list[Policy]] = defaultdict(list)
 
     def __repr__(self) -> str:
-        return f"SlotRunner(busy={len(self._tasks)}/{self.capacity}, genomes={len(self._loaded)})"
+        busy = f"{len(self._tasks)}/{self.capacity}"
+        return f"PerGenomeRunner(busy={busy}, genomes={len(self._loaded)})"
 
     def start(self, task_id: str, task: Any, spec: EvaluationSpec) -> None:
         """Takes a task into a free slot; EnvBuildError if its env cannot be built here."""

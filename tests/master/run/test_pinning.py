@@ -61,7 +61,7 @@ def test_a_pinned_batched_worker_steps_its_emulators_on_its_own_cpus(argv, threa
     from worker.cli import _batched_runner
 
     built = []
-    monkeypatch.setattr("worker.runners.batched.BatchedSlotRunner",
+    monkeypatch.setattr("worker.runners.batched.BatchedRunner",
                         lambda *args, **kwargs: built.append(args))  # fmt: skip
     _batched_runner(settings_of(*argv))(None, 4, None)
     ((_, capacity, device, _, env_threads),) = built

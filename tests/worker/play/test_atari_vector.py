@@ -12,7 +12,7 @@ from worker.evaluation.spec import EvaluationSpec
 from worker.play.atari_vector import VectorGroup
 from worker.play.envs import EnvCache
 from worker.play.rollout import Rollout
-from worker.runners.per_genome import SlotRunner
+from worker.runners.per_genome import PerGenomeRunner
 
 STEPS = 600
 
@@ -124,7 +124,7 @@ def spec(env_seed: int, episodes: int = 2) -> EvaluationSpec:
                           max_episode_steps=100, env_seed=env_seed)  # fmt: skip
 
 
-def run_slots(runner: SlotRunner, specs: dict[str, EvaluationSpec]) -> dict:
+def run_slots(runner: PerGenomeRunner, specs: dict[str, EvaluationSpec]) -> dict:
     for task_id, task_spec in specs.items():
         runner.start(task_id, task_id, task_spec)
     results = {}
@@ -138,8 +138,8 @@ def run_slots(runner: SlotRunner, specs: dict[str, EvaluationSpec]) -> dict:
 def test_slot_runner_on_the_vector_engine_is_reproducible(tmp_path):
     """Frostbite, the paper network, 100-step episodes: the same results twice, 4 frames a step."""
     specs = {"a": spec(1), "b": spec(2), "c": spec(1, episodes=1)}
-    first = run_slots(SlotRunner(Evaluator(str(tmp_path), atari_backend="vector"), 4), specs)
-    second = run_slots(SlotRunner(Evaluator(str(tmp_path), atari_backend="vector"), 4), specs)
+    first = run_slots(PerGenomeRunner(Evaluator(str(tmp_path), atari_backend="vector"), 4), specs)
+    second = run_slots(PerGenomeRunner(Evaluator(str(tmp_path), atari_backend="vector"), 4), specs)
     assert first == second
     for evaluation in first.values():
         assert evaluation.frames == [400] * len(evaluation.frames)  # capped at 100 steps

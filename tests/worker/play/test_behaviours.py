@@ -20,7 +20,7 @@ from worker.evaluation.spec import EvaluationSpec
 from worker.inference.policy import build_policy
 from worker.play.envs import VECTOR, EnvCache
 from worker.play.rollout import FunctionActor, play
-from worker.runners.per_genome import SlotRunner
+from worker.runners.per_genome import PerGenomeRunner
 
 
 def _cartpole_policy(seed: int = 0):
@@ -118,7 +118,7 @@ def test_an_atari_episode_reports_the_consoles_ram(noise_cache: Path) -> None:
         env_seed=4, max_episode_steps=30, behaviour_size=ATARI_RAM_SIZE,
     )  # fmt: skip
     # The vector engine is this worker's default; a task asking for RAM plays on gymnasium.
-    runner = SlotRunner(Evaluator(str(noise_cache), atari_backend=VECTOR), capacity=1)
+    runner = PerGenomeRunner(Evaluator(str(noise_cache), atari_backend=VECTOR), capacity=1)
     runner.start("t", None, spec)
     handle = runner._tasks["t"].handle
     assert getattr(handle.env, "group", None) is None

@@ -14,7 +14,7 @@ from worker.evaluation.spec import EvaluationSpec
 from worker.inference.policy import build_policy
 from worker.offline.replay import evaluate_policy
 from worker.play.rollout import FunctionActor, Rollout, StepTimers, play, run_episode
-from worker.runners.per_genome import SlotRunner
+from worker.runners.per_genome import PerGenomeRunner
 
 CARTPOLE = EvaluationSpec(env_id="CartPole-v1", seeds=(7, 8, 9), mutation_power=0.05,
                           noise_table=NoiseTableSpec(seed=123, size=2**16), architecture="mlp",
@@ -31,7 +31,7 @@ def with_(spec: EvaluationSpec, **changes) -> EvaluationSpec:
 
 def fleet(spec: EvaluationSpec, cache: Path) -> Evaluation:
     """The spec as one task among others in a worker's slots, sharing forward passes."""
-    runner = SlotRunner(Evaluator(str(cache)), capacity=3)
+    runner = PerGenomeRunner(Evaluator(str(cache)), capacity=3)
     runner.start("other-genome", None, with_(spec, seeds=(*spec.seeds, 1), episodes=1))
     runner.start("same-genome", None, with_(spec, env_seed=spec.env_seed + 1))
     runner.start("task", None, spec)

@@ -14,8 +14,8 @@ from worker.cli import _batched_runner, worker_parser, worker_settings
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
 from worker.play.envs import VECTOR
-from worker.runners.batched import BatchedSlotRunner
-from worker.runners.per_genome import SlotRunner
+from worker.runners.batched import BatchedRunner
+from worker.runners.per_genome import PerGenomeRunner
 
 TABLE = NoiseTableSpec(seed=123, size=2**23)
 
@@ -37,15 +37,15 @@ def test_pipelined_batched_runner_scores_every_atari_task_as_the_per_genome_runn
         for i in range(8)
     }
     evaluator = Evaluator(str(noise_cache), atari_backend=VECTOR)
-    reference = run_all(SlotRunner(evaluator, 1), specs)
-    runner = BatchedSlotRunner(evaluator, 4, "cpu")
+    reference = run_all(PerGenomeRunner(evaluator, 1), specs)
+    runner = BatchedRunner(evaluator, 4, "cpu")
     assert runner.pipelined
     pipelined = run_all(runner, specs)
     assert pipelined == reference
     halves = runner._envs._groups["frostbite"]
     assert [half.size for half in halves] == [2, 2] and all(h.pipelined for h in halves)
     assert len({tuple(returns) for returns, _ in reference.values()}) > 1  # genomes differ
-    assert not BatchedSlotRunner(evaluator, 4, "cpu", pipelined=False).pipelined
+    assert not BatchedRunner(evaluator, 4, "cpu", pipelined=False).pipelined
 
 
 @pytest.mark.parametrize(("argv", "pipelined"), [([], True), (["--no-pipeline"], False)])

@@ -1,6 +1,6 @@
 """The batched worker (--envs N, or a CUDA device): tasks of different genomes stepped together.
 
-On CPU here: the runner agrees with the per-genome SlotRunner task by task; a real worker
+On CPU here: the runner agrees with the per-genome PerGenomeRunner task by task; a real worker
 process with --device cpu --envs 8 trains Frostbite through the real CLIs with every
 evaluation recorded, and drains on SIGTERM with many tasks in flight.
 """
@@ -26,8 +26,8 @@ from tests.support.tiny import long_elite_tasks
 from worker.cli import worker_parser, worker_settings
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
-from worker.runners.batched import BatchedSlotRunner
-from worker.runners.per_genome import SlotRunner
+from worker.runners.batched import BatchedRunner
+from worker.runners.per_genome import PerGenomeRunner
 
 TABLE = NoiseTableSpec(size=2**16)
 
@@ -40,8 +40,8 @@ def _spec(seeds: tuple[int, ...], env_seed: int, **overrides) -> EvaluationSpec:
 def test_batched_runner_scores_every_task_as_the_per_genome_runner(noise_cache: Path) -> None:
     specs = {f"t{i}": _spec(tuple(range(i + 1)), 1000 + i) for i in range(7)}
     evaluator = Evaluator(str(noise_cache))
-    reference = run_all(SlotRunner(evaluator, 1), specs)
-    runner = BatchedSlotRunner(evaluator, 4, "cpu")
+    reference = run_all(PerGenomeRunner(evaluator, 1), specs)
+    runner = BatchedRunner(evaluator, 4, "cpu")
     forward_calls = runner.timers.forward_calls
     batched = run_all(runner, specs)
     assert batched == reference
@@ -59,12 +59,12 @@ def test_genomes_decoded_on_the_device_score_as_decoded_on_the_host(
     parameters bit for bit, so every task scores the same."""
     specs = {f"t{i}": _spec(tuple(range(3 * i, 3 * i + i + 1)), 2000 + i) for i in range(6)}
     evaluator = Evaluator(str(noise_cache))
-    on_host = run_all(BatchedSlotRunner(evaluator, 3, device, decode_on_device=False), specs)
-    runner = BatchedSlotRunner(evaluator, 3, device, decode_on_device=True)
+    on_host = run_all(BatchedRunner(evaluator, 3, device, decode_on_device=False), specs)
+    runner = BatchedRunner(evaluator, 3, device, decode_on_device=True)
     assert runner.decode_on_device and runner.device == device
     assert run_all(runner, specs) == on_host
     if device == "cuda":
-        assert BatchedSlotRunner(evaluator, 2, device).decode_on_device  # the default there
+        assert BatchedRunner(evaluator, 2, device).decode_on_device  # the default there
     decoders = list(evaluator._device_decoders.values())
     assert len(decoders) == 1 and decoders[0].device.type == device
     seeds = specs["t3"].seeds
@@ -74,14 +74,14 @@ def test_genomes_decoded_on_the_device_score_as_decoded_on_the_host(
 
 
 def test_batched_runner_refuses_reduced_precision_by_name(noise_cache: Path) -> None:
-    runner = BatchedSlotRunner(Evaluator(str(noise_cache)), 2, "cpu")
+    runner = BatchedRunner(Evaluator(str(noise_cache)), 2, "cpu")
     with pytest.raises(ValueError, match="'int8'"):
         runner.start("t", "t", _spec((1,), 1, inference_dtype="int8"))
     assert runner.free == 2
 
 
 def test_a_dropped_task_frees_its_slot_for_the_next(noise_cache: Path) -> None:
-    runner = BatchedSlotRunner(Evaluator(str(noise_cache)), 2, "cpu")
+    runner = BatchedRunner(Evaluator(str(noise_cache)), 2, "cpu")
     runner.start("a", "a", _spec((1,), 1))
     runner.start("b", "b", _spec((2,), 2))
     runner.step()

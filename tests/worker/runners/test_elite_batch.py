@@ -18,7 +18,7 @@ from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
 from worker.inference.policy import Policy
 from worker.play.envs import VECTOR
-from worker.runners.per_genome import SlotRunner
+from worker.runners.per_genome import PerGenomeRunner
 
 TABLE = NoiseTableSpec(seed=123, size=2**23)
 EPISODES = 4
@@ -38,7 +38,7 @@ def test_an_elites_episodes_in_one_batch_play_as_they_play_alone(
 ) -> None:
     specs = {f"e{i}": _spec(300 + i, dtype) for i in range(EPISODES)}
     evaluator = Evaluator(str(noise_cache), atari_backend=VECTOR)
-    alone = run_all(SlotRunner(evaluator, 1), specs)
+    alone = run_all(PerGenomeRunner(evaluator, 1), specs)
 
     # Every batched call's rows, to recompute each row alone under the same loaded policy.
     calls: list[tuple[Policy, np.ndarray, np.ndarray]] = []
@@ -52,7 +52,7 @@ def test_an_elites_episodes_in_one_batch_play_as_they_play_alone(
         return actions
 
     monkeypatch.setattr(Policy, "act_batch", recording)
-    runner = SlotRunner(evaluator, EPISODES)
+    runner = PerGenomeRunner(evaluator, EPISODES)
     batched = run_all(runner, specs)
     monkeypatch.undo()
 

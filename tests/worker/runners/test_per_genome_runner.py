@@ -10,7 +10,7 @@ from neuro.noise import NoiseTableSpec
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
 from worker.play.envs import EnvBuildError
-from worker.runners.per_genome import SlotRunner
+from worker.runners.per_genome import PerGenomeRunner
 
 TABLE = NoiseTableSpec(seed=123, size=2**16)
 
@@ -21,7 +21,7 @@ def cartpole_task(seeds, episodes, env_seed):
                           episodes=episodes, env_seed=env_seed)  # fmt: skip
 
 
-def run_all(runner: SlotRunner, specs: dict[str, EvaluationSpec]) -> dict[str, list[float]]:
+def run_all(runner: PerGenomeRunner, specs: dict[str, EvaluationSpec]) -> dict[str, list[float]]:
     queue = list(specs.items())
     results = {}
     while queue or runner.busy:
@@ -39,7 +39,7 @@ def test_batched_slots_match_the_sequential_path(tmp_path, capacity):
     specs = {f"elite/{i}": cartpole_task(elite, 1, 100 + i) for i in range(6)}  # one genome
     specs |= {f"child/{i}": cartpole_task((7, 8, 20 + i), 2, 200 + i) for i in range(5)}
     evaluator = Evaluator(str(tmp_path))
-    runner = SlotRunner(evaluator, capacity)
+    runner = PerGenomeRunner(evaluator, capacity)
     batched = run_all(runner, specs)
     for task_id, spec in specs.items():
         reference = Evaluator(str(tmp_path)).evaluate(spec)
@@ -54,7 +54,7 @@ def test_batched_slots_match_the_sequential_path(tmp_path, capacity):
 
 
 def test_a_dropped_task_frees_its_slot_and_a_bad_env_is_reported(tmp_path):
-    runner = SlotRunner(Evaluator(str(tmp_path)), 2)
+    runner = PerGenomeRunner(Evaluator(str(tmp_path)), 2)
     runner.start("a", "task-a", cartpole_task((1,), 1, 0))
     assert runner.drop("a") == "task-a" and runner.drop("a") is None
     assert runner.free == 2
@@ -69,7 +69,7 @@ def test_the_fleet_path_plays_each_task_in_its_inference_dtype(tmp_path):
     # A run's tasks carry its dtype; the slot runner must build (and reuse) networks by it, or
     # the fleet would score a genome with another policy than replay plays.
     evaluator = Evaluator(str(tmp_path))
-    runner = SlotRunner(evaluator, 2)
+    runner = PerGenomeRunner(evaluator, 2)
     bf16 = dataclasses.replace(cartpole_task((7, 8), 1, 1), inference_dtype="bfloat16")
     f32 = cartpole_task((7, 9), 1, 2)
     for task_id, spec in (("a", bf16), ("b", f32)):
@@ -84,7 +84,7 @@ def test_the_fleet_path_plays_each_task_in_its_inference_dtype(tmp_path):
 
 
 def test_a_task_whose_env_raises_mid_episode_fails_alone_and_frees_its_slot(tmp_path):
-    runner = SlotRunner(Evaluator(str(tmp_path)), capacity=2)
+    runner = PerGenomeRunner(Evaluator(str(tmp_path)), capacity=2)
     runner.start("good", None, cartpole_task((7, 8), 1, 1))
     runner.start("bad", None, cartpole_task((7, 9), 1, 2))
     env = runner._tasks["bad"].handle.env
