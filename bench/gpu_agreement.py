@@ -216,10 +216,11 @@ def batched_scores(
     runner = BatchedRunner(_evaluator(settings), len(specs), settings.device,
                                env_threads=threads)  # fmt: skip
     for slot, spec in enumerate(specs):
-        runner.start(str(slot), slot, spec)
+        runner.start(str(slot), spec)
     scores, deadline = {}, _deadline(settings)
     while runner.busy and time.monotonic() < deadline:
-        for _, slot, evaluation in runner.step():
+        for task_id, evaluation in runner.step():
+            slot = int(task_id)
             if evaluation.error:
                 raise RuntimeError(
                     f"genome {slot} failed on the batched runner: {evaluation.error}"

@@ -97,13 +97,13 @@ def runner_step(offspring: Offspring, tasks: int) -> tuple[dict, Any]:
 
     evaluator = Evaluator(atari_backend=VECTOR)
     runner = PerGenomeRunner(evaluator, 1)
-    runner.start("warm-up", None, offspring.spec(tasks))
+    runner.start("warm-up", offspring.spec(tasks))
     while runner.busy:
         runner.step()
     before = runner.timers.as_dict()
     started = time.perf_counter()
     for child in range(tasks):
-        runner.start(str(child), child, offspring.spec(child))
+        runner.start(str(child), offspring.spec(child))
         while runner.busy:
             runner.step()
     wall = time.perf_counter() - started

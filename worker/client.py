@@ -353,7 +353,7 @@ class WorkerClient:
 
     def _start(self, runner: Any, task: pb.Task) -> None:
         try:
-            runner.start(task.task_id, task, spec_from_task(task))
+            runner.start(task.task_id, spec_from_task(task))
         except NotRunnableHere as error:
             # No task of this run can run here: it stays held, and is handed back on the way out.
             self._fail(str(error))
@@ -381,8 +381,14 @@ class WorkerClient:
 
     def _finish(self, finished: list) -> None:
         results = []
-        for task_id, task, evaluation in finished:
-            result = pb.TaskResult(task_id=task_id, run_id=task.run_id)
+        with self._wake:
+            running = self._shared.running
+            run_ids = {task_id: running[task_id].run_id for task_id, _ in finished
+                       if task_id in running}  # fmt: skip
+        for task_id, evaluation in finished:
+            if task_id not in run_ids:
+                continue  # handed back meanwhile (a stop): the master re-issues it
+            result = pb.TaskResult(task_id=task_id, run_id=run_ids[task_id])
             if evaluation.error:
                 log.warning("task %s failed mid-episode: %s", task_id, evaluation.error)
                 result.error = evaluation.error[:MAX_ERROR_CHARS]

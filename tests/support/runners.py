@@ -14,8 +14,8 @@ def run_all(runner: Any, specs: dict[str, EvaluationSpec]) -> dict[str, tuple[li
     while waiting or runner.busy:
         while waiting and runner.free:
             task_id = waiting.pop(0)
-            runner.start(task_id, task_id, specs[task_id])
-        for task_id, _, evaluation in runner.step():
+            runner.start(task_id, specs[task_id])
+        for task_id, evaluation in runner.step():
             assert not evaluation.error, evaluation.error
             results[task_id] = (evaluation.returns, evaluation.frames)
     return results

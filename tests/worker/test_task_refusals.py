@@ -123,7 +123,7 @@ def test_an_observation_size_the_env_does_not_have_is_refused_when_the_task_star
         f"have {PENDULUM_OBSERVATIONS} values"
     )
     with pytest.raises(ValueError, match=named):
-        runner.start("t", "t", _normalised_spec(observation_size))  # type: ignore[attr-defined]
+        runner.start("t", _normalised_spec(observation_size))  # type: ignore[attr-defined]
     # Refused before any episode: the slot is free and nothing was played.
     assert not runner.busy  # type: ignore[attr-defined]
     assert runner.timers.episodes == 0  # type: ignore[attr-defined]
@@ -137,17 +137,17 @@ def test_the_env_s_own_observation_size_is_played_after_a_refused_one(
     evaluator.set_parameters(1, _fetched(PENDULUM_OBSERVATIONS + 1))
     runner = _runners(evaluator)[kind]
     with pytest.raises(ValueError, match="observation_size"):
-        runner.start("bad", "bad", _normalised_spec(PENDULUM_OBSERVATIONS + 1))  # type: ignore[attr-defined]
+        runner.start("bad", _normalised_spec(PENDULUM_OBSERVATIONS + 1))  # type: ignore[attr-defined]
     evaluator.set_parameters(2, _fetched(PENDULUM_OBSERVATIONS))
     good = _normalised_spec(PENDULUM_OBSERVATIONS)
     good = EvaluationSpec(**{**good.__dict__, "perturbation": (2, 5, 1, 0.02)})
-    runner.start("good", "good", good)  # type: ignore[attr-defined]
+    runner.start("good", good)  # type: ignore[attr-defined]
     finished = []
     for _ in range(100):  # 20 steps at most
         finished += runner.step()  # type: ignore[attr-defined]
         if finished:
             break
-    ((task_id, _, evaluation),) = finished
+    ((task_id, evaluation),) = finished
     assert task_id == "good" and not evaluation.error, evaluation.error
     assert evaluation.frames == [20]
     assert evaluation.observations is not None

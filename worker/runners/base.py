@@ -23,7 +23,6 @@ __all__ = ["RunningTask", "StepTimers", "TaskRunner"]
 
 @dataclass
 class RunningTask:
-    task: Any
     spec: EvaluationSpec
     handle: EnvHandle
     actor: Any
@@ -57,24 +56,24 @@ class TaskRunner:
     def task_ids(self) -> list[str]:
         return list(self._tasks)
 
-    def step(self) -> list[tuple[str, Any, Evaluation]]:
-        """One agent step in every slot; returns the tasks that finished (id, task, returns),
+    def step(self) -> list[tuple[str, Evaluation]]:
+        """One agent step in every slot; returns the tasks that finished (id, evaluation),
         those whose env or policy raised with an Evaluation that names the error."""
         finished = []
         for task_id, episodes in self._rollout.step():
-            task = self._release(task_id)
-            finished.append((task_id, task.task, Evaluation.of(episodes)))
+            self._release(task_id)
+            finished.append((task_id, Evaluation.of(episodes)))
         for task_id, error in self._rollout.take_failures():
-            task = self._release(task_id, env_usable=False)
-            finished.append((task_id, task.task, Evaluation([], [], error=error)))
+            self._release(task_id, env_usable=False)
+            finished.append((task_id, Evaluation([], [], error=error)))
         return finished
 
-    def drop(self, task_id: str) -> Any | None:
-        """Abandons a task mid-episode; returns it (None if it is not here)."""
+    def drop(self, task_id: str) -> EvaluationSpec | None:
+        """Abandons a task mid-episode; returns its spec (None if it is not here)."""
         if task_id not in self._tasks:
             return None
         self._rollout.remove(task_id)
-        return self._release(task_id).task
+        return self._release(task_id).spec
 
     def _take_env(self, task_id: str, spec: EvaluationSpec) -> EnvHandle:
         if not self.free:
@@ -109,7 +108,7 @@ class TaskRunner:
         self._unload(task)
         return task
 
-    def start(self, task_id: str, task: Any, spec: EvaluationSpec) -> None:
+    def start(self, task_id: str, spec: EvaluationSpec) -> None:
         """Takes a task into a free slot; EnvBuildError if its env cannot be built here,
         ValueError if its parameters cannot be loaded (the caller reports either)."""
         raise NotImplementedError

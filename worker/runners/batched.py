@@ -108,7 +108,7 @@ class BatchedRunner(TaskRunner):
     def __repr__(self) -> str:
         return f"BatchedRunner(busy={len(self._tasks)}/{self.capacity}, {self.device})"
 
-    def start(self, task_id: str, task: Any, spec: EvaluationSpec) -> None:
+    def start(self, task_id: str, spec: EvaluationSpec) -> None:
         """Takes a task into a free slot; EnvBuildError if its env cannot be built here,
         ValueError if its parameters cannot be loaded (the caller reports either)."""
         served = dtypes_for(spec.architecture, BATCHED, self.device)
@@ -139,7 +139,7 @@ class BatchedRunner(TaskRunner):
             self._give_env(spec, handle)
             raise
         actor = _SlotActor(group, slot, norm)
-        self._play(task_id, RunningTask(task, spec, handle, actor), actor)
+        self._play(task_id, RunningTask(spec, handle, actor), actor)
 
     def _group(self, spec: EvaluationSpec, handle: EnvHandle) -> _SlotGroup:
         """The slot group of this network, built on first use."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 from neuro.envs.make import EnvHandle
 from worker.evaluation.evaluator import Evaluator
@@ -45,7 +44,7 @@ class PerGenomeRunner(TaskRunner):
         busy = f"{len(self._tasks)}/{self.capacity}"
         return f"PerGenomeRunner(busy={busy}, genomes={len(self._loaded)})"
 
-    def start(self, task_id: str, task: Any, spec: EvaluationSpec) -> None:
+    def start(self, task_id: str, spec: EvaluationSpec) -> None:
         """Takes a task into a free slot; EnvBuildError if its env cannot be built here."""
         handle = self._take_env(task_id, spec)
         try:
@@ -53,7 +52,7 @@ class PerGenomeRunner(TaskRunner):
         except BaseException:
             self._give_env(spec, handle)
             raise
-        self._play(task_id, RunningTask(task, spec, handle, policy), policy)
+        self._play(task_id, RunningTask(spec, handle, policy), policy)
 
     def _acquire_policy(self, spec: EvaluationSpec, handle: EnvHandle) -> Policy:
         loaded = self._loaded.get(spec.genome_key)

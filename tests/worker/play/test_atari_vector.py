@@ -126,10 +126,10 @@ def spec(env_seed: int, episodes: int = 2) -> EvaluationSpec:
 
 def run_slots(runner: PerGenomeRunner, specs: dict[str, EvaluationSpec]) -> dict:
     for task_id, task_spec in specs.items():
-        runner.start(task_id, task_id, task_spec)
+        runner.start(task_id, task_spec)
     results = {}
     while runner.busy:
-        for task_id, _, evaluation in runner.step():
+        for task_id, evaluation in runner.step():
             results[task_id] = evaluation
     return results
 

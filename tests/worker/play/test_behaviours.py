@@ -119,13 +119,13 @@ def test_an_atari_episode_reports_the_consoles_ram(noise_cache: Path) -> None:
     )  # fmt: skip
     # The vector engine is this worker's default; a task asking for RAM plays on gymnasium.
     runner = PerGenomeRunner(Evaluator(str(noise_cache), atari_backend=VECTOR), capacity=1)
-    runner.start("t", None, spec)
+    runner.start("t", spec)
     handle = runner._tasks["t"].handle
     assert getattr(handle.env, "group", None) is None
     done = []
     while runner.busy:
         done += runner.step()
-    [(_, _, evaluation)] = done
+    [(_, evaluation)] = done
     [ram] = evaluation.behaviours
     assert ram.shape == (ATARI_RAM_SIZE,) and ram.dtype == np.float32
     np.testing.assert_array_equal(ram, handle.env.unwrapped.ale.getRAM().astype(np.float32))

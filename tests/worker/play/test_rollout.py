@@ -32,12 +32,12 @@ def with_(spec: EvaluationSpec, **changes) -> EvaluationSpec:
 def fleet(spec: EvaluationSpec, cache: Path) -> Evaluation:
     """The spec as one task among others in a worker's slots, sharing forward passes."""
     runner = PerGenomeRunner(Evaluator(str(cache)), capacity=3)
-    runner.start("other-genome", None, with_(spec, seeds=(*spec.seeds, 1), episodes=1))
-    runner.start("same-genome", None, with_(spec, env_seed=spec.env_seed + 1))
-    runner.start("task", None, spec)
+    runner.start("other-genome", with_(spec, seeds=(*spec.seeds, 1), episodes=1))
+    runner.start("same-genome", with_(spec, env_seed=spec.env_seed + 1))
+    runner.start("task", spec)
     done = {}
     while runner.busy:
-        done.update({task_id: evaluation for task_id, _, evaluation in runner.step()})
+        done.update({task_id: evaluation for task_id, evaluation in runner.step()})
     assert runner.timers.forward_calls < runner.timers.steps  # same-genome slots batched
     return done["task"]
 

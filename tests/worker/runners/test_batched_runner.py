@@ -76,17 +76,17 @@ def test_genomes_decoded_on_the_device_score_as_decoded_on_the_host(
 def test_batched_runner_refuses_reduced_precision_by_name(noise_cache: Path) -> None:
     runner = BatchedRunner(Evaluator(str(noise_cache)), 2, "cpu")
     with pytest.raises(ValueError, match="'int8'"):
-        runner.start("t", "t", _spec((1,), 1, inference_dtype="int8"))
+        runner.start("t", _spec((1,), 1, inference_dtype="int8"))
     assert runner.free == 2
 
 
 def test_a_dropped_task_frees_its_slot_for_the_next(noise_cache: Path) -> None:
     runner = BatchedRunner(Evaluator(str(noise_cache)), 2, "cpu")
-    runner.start("a", "a", _spec((1,), 1))
-    runner.start("b", "b", _spec((2,), 2))
+    runner.start("a", _spec((1,), 1))
+    runner.start("b", _spec((2,), 2))
     runner.step()
-    assert runner.drop("a") == "a" and runner.drop("a") is None
-    runner.start("c", "c", _spec((3,), 3))
+    assert runner.drop("a") is not None and runner.drop("a") is None
+    runner.start("c", _spec((3,), 3))
     assert sorted(runner.task_ids()) == ["b", "c"]
     done = {task_id for task_id, *_ in _drain(runner)}
     assert done == {"b", "c"}

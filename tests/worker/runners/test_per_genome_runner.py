@@ -27,8 +27,8 @@ def run_all(runner: PerGenomeRunner, specs: dict[str, EvaluationSpec]) -> dict[s
     while queue or runner.busy:
         while queue and runner.free:
             task_id, spec = queue.pop(0)
-            runner.start(task_id, spec, spec)
-        for task_id, _, evaluation in runner.step():
+            runner.start(task_id, spec)
+        for task_id, evaluation in runner.step():
             results[task_id] = (evaluation.returns, evaluation.frames)
     return results
 
@@ -55,13 +55,13 @@ def test_batched_slots_match_the_sequential_path(tmp_path, capacity):
 
 def test_a_dropped_task_frees_its_slot_and_a_bad_env_is_reported(tmp_path):
     runner = PerGenomeRunner(Evaluator(str(tmp_path)), 2)
-    runner.start("a", "task-a", cartpole_task((1,), 1, 0))
-    assert runner.drop("a") == "task-a" and runner.drop("a") is None
+    runner.start("a", cartpole_task((1,), 1, 0))
+    assert runner.drop("a") is not None and runner.drop("a") is None
     assert runner.free == 2
     bad = EvaluationSpec(env_id="NoSuchEnv-v0", seeds=(1,), mutation_power=0.05,
                          noise_table=TABLE, architecture="mlp")  # fmt: skip
     with pytest.raises(EnvBuildError, match="NoSuchEnv-v0"):
-        runner.start("b", "task-b", bad)
+        runner.start("b", bad)
     assert runner.free == 2
 
 
@@ -73,20 +73,20 @@ def test_the_fleet_path_plays_each_task_in_its_inference_dtype(tmp_path):
     bf16 = dataclasses.replace(cartpole_task((7, 8), 1, 1), inference_dtype="bfloat16")
     f32 = cartpole_task((7, 9), 1, 2)
     for task_id, spec in (("a", bf16), ("b", f32)):
-        runner.start(task_id, spec, spec)
+        runner.start(task_id, spec)
     dtypes = {loaded.policy.inference_dtype for loaded in runner._loaded.values()}
     assert dtypes == {"bfloat16", "float32"}
     while runner.busy:
         runner.step()
     # Freed networks are reused only by tasks of the same dtype.
-    runner.start("c", f32, f32)
+    runner.start("c", f32)
     assert [lp.policy.inference_dtype for lp in runner._loaded.values()] == ["float32"]
 
 
 def test_a_task_whose_env_raises_mid_episode_fails_alone_and_frees_its_slot(tmp_path):
     runner = PerGenomeRunner(Evaluator(str(tmp_path)), capacity=2)
-    runner.start("good", None, cartpole_task((7, 8), 1, 1))
-    runner.start("bad", None, cartpole_task((7, 9), 1, 2))
+    runner.start("good", cartpole_task((7, 8), 1, 1))
+    runner.start("bad", cartpole_task((7, 9), 1, 2))
     env = runner._tasks["bad"].handle.env
     steps = 0
     real_step = env.step
@@ -101,14 +101,14 @@ def test_a_task_whose_env_raises_mid_episode_fails_alone_and_frees_its_slot(tmp_
     env.step = breaks_on_the_fifth_step
     finished = {}
     while runner.busy:
-        finished.update({task_id: evaluation for task_id, _, evaluation in runner.step()})
+        finished.update({task_id: evaluation for task_id, evaluation in runner.step()})
     assert finished["bad"].error == "RuntimeError: simulation became unstable"
     assert finished["bad"].returns == []
     assert not finished["good"].error and len(finished["good"].returns) == 1
     assert runner.free == 2  # the failed task's slot is free again
     # The runner goes on with new tasks, on a fresh env: the failed one was not kept.
     assert env not in [h.env for h in runner._envs._free[("CartPole-v1", "paper")]]
-    runner.start("next", None, cartpole_task((7, 8), 1, 1))
+    runner.start("next", cartpole_task((7, 8), 1, 1))
     while runner.busy:
-        finished.update({task_id: evaluation for task_id, _, evaluation in runner.step()})
+        finished.update({task_id: evaluation for task_id, evaluation in runner.step()})
     assert finished["next"].returns == finished["good"].returns
