@@ -6,8 +6,8 @@ needs, and tests/master/algorithms/test_algorithm_contract.py then holds it to t
 master.algorithms.base.
 
 Like the algorithms, the entries do no I/O: what a run's algorithm is made from beyond its
-settings (the noise table, the env's spaces) is read by master.run.algorithm and handed in as
-plain values, as each entry's needs_* flags ask.
+settings (the noise table, the env's spaces) is read by master.run.algorithm_setup and handed in
+as plain values, as each entry's needs_* flags ask.
 """
 
 from __future__ import annotations

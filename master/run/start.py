@@ -34,7 +34,7 @@ from master.fleet.tasks import ParameterStore, task_template
 from master.observe.events import GenerationRecord, Observer
 from master.observe.progress import ProgressObserver, notice_stream
 from master.observe.tensorboard import TensorBoardObserver
-from master.run.algorithm import behaviour_size_of, build_algorithm
+from master.run.algorithm_setup import behaviour_size_of, build_algorithm
 from master.run.local_workers import LocalWorkers
 from master.run.rundir import RunDirectory
 from master.run.s3_mirror import FINAL_SYNC_TIMEOUT_S, MirrorLoop, RunDirMirror, status_document

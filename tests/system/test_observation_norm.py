@@ -13,7 +13,7 @@ import pytest
 
 from master.algorithms.es import ESState
 from master.config import inspect_env_id, preset
-from master.run.algorithm import create_algorithm, restore_algorithm
+from master.run.algorithm_setup import create_algorithm, restore_algorithm
 from master.run.checkpoint import load_checkpoint
 from master.run.rundir import read_metrics
 from neuro.observation_stats import INITIAL_COUNT, ObservationStats

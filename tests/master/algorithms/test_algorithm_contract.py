@@ -24,7 +24,7 @@ from master.algorithms import registry
 from master.algorithms.base import Algorithm, EvaluationRequest, GenerationSummary
 from master.config import RunConfig, inspect_env_id, preset
 from master.observe.events import GenerationRecord
-from master.run.algorithm import create_algorithm, restore_algorithm
+from master.run.algorithm_setup import create_algorithm, restore_algorithm
 from neuro.genome import Genome
 
 TINY: dict[str, dict[str, Any]] = {
@@ -383,7 +383,7 @@ def test_tell_refuses_behaviours_unless_they_answer_what_was_asked(
 
 
 def test_no_algorithm_module_loads_the_noise_table_or_builds_an_env() -> None:
-    """master.run.algorithm hands the entries the table and the env's spaces.
+    """master.run.algorithm_setup hands the entries the table and the env's spaces.
 
     import-linter keeps env builders out of master.algorithms; neuro.noise, whose noise_offset
     the ES needs, cannot be kept out as a module, so its loader is looked for here by name.

@@ -22,7 +22,7 @@ from master.algorithms.ns_es import (
     member_probabilities,
 )
 from master.config import inspect_env_id, preset
-from master.run.algorithm import create_algorithm, restore_algorithm
+from master.run.algorithm_setup import create_algorithm, restore_algorithm
 from neuro.genome import Genome
 from neuro.noise import NoiseTableSpec, generate_into
 
