@@ -1,11 +1,11 @@
 """What runs where: inference dtypes, engines, runners and devices, and the one table of which
 combinations a worker runs.
 
-Both sides read this table. The master checks a run's dtype and network against it before the
-run starts (master/config.py) and asks it whether its local workers may be the batched one
-(master/run/local_workers.py); the worker's engine registry (worker/inference/registry.py)
-serves exactly these rows (tests/worker/inference/test_engine_contract.py holds the two equal)
-and chooses among them in the order below.
+Both sides read this table, the one place an engine's capabilities are declared. The master
+checks a run's dtype and network against it before the run starts (master/config.py) and asks
+it whether its local workers may be the batched one (master/run/local_workers.py); each of the
+worker's engines takes its row from here by name (engine_row), and its registry
+(worker/inference/registry.py) serves exactly these rows, preferring them in the order below.
 
 A combination runs when an engine's row lists its dtype, architecture, runner and device, and
 the dtype itself works on that architecture (DTYPE_ARCHITECTURES: int8-static calibrates the
@@ -49,9 +49,6 @@ which the table reads as "cuda" (device_kind)."""
 ONNXRUNTIME = "onnxruntime"
 TORCH = "torch"
 TORCH_GROUPED = "torch-grouped"
-INFERENCE_ENGINES = (TORCH, ONNXRUNTIME)
-"""The engines a worker's --inference-engine (NEURO_INFERENCE_ENGINE) may prefer; the batched
-runner has one engine of its own (torch-grouped)."""
 
 DTYPE_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     FLOAT32: ARCHITECTURES,
@@ -107,6 +104,20 @@ TABLE: tuple[EngineRow, ...] = (
     ),
 )
 """Every engine's row, in the order a worker prefers them."""
+
+INFERENCE_ENGINES: tuple[str, ...] = tuple(row.engine for row in TABLE if row.runner == PER_GENOME)
+"""The engines a worker's --inference-engine (NEURO_INFERENCE_ENGINE) may prefer, in the
+table's order; the batched runner has one engine of its own (torch-grouped)."""
+
+
+def engine_row(engine: str) -> EngineRow:
+    """This engine's row of the table; ValueError naming it where it has none."""
+    for row in TABLE:
+        if row.engine == engine:
+            return row
+    raise ValueError(
+        f"inference engine {engine!r} is not one of {', '.join(row.engine for row in TABLE)}"
+    )
 
 
 def device_kind(device: str) -> str:

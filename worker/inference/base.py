@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -111,50 +111,48 @@ class GroupedForward(Protocol):
 
 @dataclass(frozen=True)
 class Engine:
-    """A registry entry: what an engine serves, whether it can run here, and its builder.
+    """A registry entry: its row of the shared table (what it serves, declared once in
+    neuro/inference.py), whether it can run here, and its builder.
 
-    Per-genome engines build a Forward over a policy's NetWeights; the batched runner's
+    A per-genome engine builds a Forward over a policy's NetWeights; the batched runner's
     engine builds a GroupedForward of `capacity` slots on a device.
     """
 
-    name: str
-    runner: str
-    dtypes: frozenset[str]
-    architectures: frozenset[str]
-    devices: frozenset[str]
+    row: EngineRow
     available: Callable[[str], str | None]
     """None where it runs on this device here; else why not (what to install, say)."""
-    build: Callable[..., Forward] | None = None
-    """(NetSpec, NetWeights) -> Forward, for the per-genome runner."""
-    build_grouped: Callable[..., GroupedForward] | None = None
-    """(NetSpec, capacity, device) -> GroupedForward, for the batched runner."""
+    build: Callable[..., Any]
+    """Its pass, for the runner its row names: per-genome, (NetSpec, NetWeights) -> Forward;
+    batched, (NetSpec, capacity, device) -> GroupedForward."""
 
     @property
-    def row(self) -> EngineRow:
-        """What it serves, as a row of the shared table (neuro/inference.py)."""
-        return EngineRow(self.name, self.runner, self.dtypes, self.architectures, self.devices)
+    def name(self) -> str:
+        return self.row.engine
+
+    @property
+    def runner(self) -> str:
+        return self.row.runner
 
     def forward(self, spec: NetSpec, weights: NetWeights) -> Forward:
         """Its per-genome pass of `spec` over `weights`; ValueError naming what it does not
         serve."""
         self._check(spec, PER_GENOME, CPU)
-        assert self.build is not None
         return self.build(spec, weights)
 
     def grouped(self, spec: NetSpec, capacity: int, device: str) -> GroupedForward:
         """Its batched pass of `capacity` slots of `spec` on `device`; ValueError naming what
         it does not serve."""
         self._check(spec, BATCHED, device)
-        assert self.build_grouped is not None
-        return self.build_grouped(spec, capacity, device)
+        return self.build(spec, capacity, device)
 
     def _check(self, spec: NetSpec, runner: str, device: str) -> None:
-        if not self.row.serves(spec.dtype, spec.architecture, runner, device):
+        row = self.row
+        if not row.serves(spec.dtype, spec.architecture, runner, device):
             raise ValueError(
                 f"inference engine {self.name!r} does not serve {spec.architecture} "
                 f"{spec.dtype!r} on the {runner} runner on {device} (it serves "
-                f"{', '.join(sorted(self.dtypes))} on {', '.join(sorted(self.architectures))}, "
-                f"the {self.runner} runner, {', '.join(sorted(self.devices))})"
+                f"{', '.join(sorted(row.dtypes))} on {', '.join(sorted(row.architectures))}, "
+                f"the {row.runner} runner, {', '.join(sorted(row.devices))})"
             )
         missing = self.available(device)
         if missing is not None:

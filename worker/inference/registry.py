@@ -1,24 +1,24 @@
 """Every inference engine, and the one place that picks the engine a policy runs on.
 
-Adding an engine is a file or folder under engines/ exporting ENGINE, and its line below; the
-shared table (neuro/inference.py) gains its row, and tests/worker/inference/
-test_engine_contract.py runs it through the contract the day it is registered.
+Adding an engine is its row in the shared table (neuro/inference.py: what it serves, and where
+it stands in the order of preference), a file or folder under engines/ exporting
+ENGINE = Engine(engine_row(name), available, build), and its line below;
+tests/worker/inference/test_engine_contract.py runs it through the contract the day it is
+registered.
 """
 
 from __future__ import annotations
 
 import os
 
-from neuro.inference import CPU, INFERENCE_ENGINES, PER_GENOME, check_combination
+from neuro.inference import CPU, INFERENCE_ENGINES, PER_GENOME, TABLE, check_combination
 from worker.inference.base import Engine
 from worker.inference.engines import onnx_runtime, torch_cpu, torch_grouped
 
-ENGINES: tuple[Engine, ...] = (
-    onnx_runtime.ENGINE,
-    torch_cpu.ENGINE,
-    torch_grouped.ENGINE,
-)
-"""In the order a worker prefers them (the shared table's)."""
+_REGISTERED = (onnx_runtime.ENGINE, torch_cpu.ENGINE, torch_grouped.ENGINE)
+
+ENGINES: tuple[Engine, ...] = tuple(sorted(_REGISTERED, key=lambda entry: TABLE.index(entry.row)))
+"""In the order a worker prefers them: the shared table's."""
 
 __all__ = ["ENGINES", "check_preference", "engine", "preferred_engine", "select"]
 
@@ -45,14 +45,15 @@ def check_preference(name: str) -> str:
 
 
 def preferred_engine() -> str:
-    """NEURO_INFERENCE_ENGINE if set, else the first per-genome engine that runs here
-    (onnxruntime where it is installed, else torch)."""
+    """NEURO_INFERENCE_ENGINE if set, else the first per-genome engine in the table's order
+    that runs here (onnxruntime where it is installed, else torch); where none does, the first,
+    which check_preference refuses saying what to install."""
     chosen = os.environ.get("NEURO_INFERENCE_ENGINE")
     if chosen:
         return chosen
-    for entry in ENGINES:
-        if entry.name in INFERENCE_ENGINES and entry.available(CPU) is None:
-            return entry.name
+    for name in INFERENCE_ENGINES:
+        if engine(name).available(CPU) is None:
+            return name
     return INFERENCE_ENGINES[0]
 
 

@@ -4,15 +4,7 @@ passes up to the order of sums, and less time a step: docs/performance.md)."""
 
 from __future__ import annotations
 
-from neuro.inference import (
-    ATARI_ARCHITECTURES,
-    CPU,
-    FLOAT32,
-    INT8,
-    INT8_STATIC,
-    ONNXRUNTIME,
-    PER_GENOME,
-)
+from neuro.inference import CPU, INT8_STATIC, ONNXRUNTIME, engine_row
 from worker.inference.base import Engine, Forward, NetSpec, NetWeights
 from worker.inference.engines.onnx_runtime.session import installed
 
@@ -36,12 +28,4 @@ def _build(spec: NetSpec, weights: NetWeights) -> Forward:
     return OnnxAtariForward(spec, weights)
 
 
-ENGINE = Engine(
-    name=ONNXRUNTIME,
-    runner=PER_GENOME,
-    dtypes=frozenset({FLOAT32, INT8, INT8_STATIC}),
-    architectures=frozenset(ATARI_ARCHITECTURES),
-    devices=frozenset({CPU}),
-    available=_available,
-    build=_build,
-)
+ENGINE = Engine(engine_row(ONNXRUNTIME), _available, _build)

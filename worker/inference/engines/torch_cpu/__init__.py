@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from neuro.inference import CPU, INFERENCE_DTYPES, INT8_STATIC, PER_GENOME, TORCH
+from neuro.inference import CPU, INT8_STATIC, TORCH, engine_row
 from worker.inference.base import Engine, Forward, NetSpec, NetWeights
 
 
@@ -30,12 +30,4 @@ def _build(spec: NetSpec, weights: NetWeights) -> Forward:
     return TorchForward(spec, weights)
 
 
-ENGINE = Engine(
-    name=TORCH,
-    runner=PER_GENOME,
-    dtypes=frozenset(INFERENCE_DTYPES),
-    architectures=frozenset({"deepga", "nature", "mlp"}),
-    devices=frozenset({CPU}),
-    available=_available,
-    build=_build,
-)
+ENGINE = Engine(engine_row(TORCH), _available, _build)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from neuro.inference import ARCHITECTURES, BATCHED, CPU, CUDA, FLOAT32, TORCH_GROUPED, device_kind
+from neuro.inference import CUDA, TORCH_GROUPED, device_kind, engine_row
 from worker.inference.base import Engine, GroupedForward, NetSpec
 from worker.inference.devices import resolve_device
 
@@ -27,12 +27,4 @@ def _build(spec: NetSpec, capacity: int, device: str) -> GroupedForward:
     return BatchedPolicies(spec, capacity, device)
 
 
-ENGINE = Engine(
-    name=TORCH_GROUPED,
-    runner=BATCHED,
-    dtypes=frozenset({FLOAT32}),
-    architectures=frozenset(ARCHITECTURES),
-    devices=frozenset({CPU, CUDA}),
-    available=_available,
-    build_grouped=_build,
-)
+ENGINE = Engine(engine_row(TORCH_GROUPED), _available, _build)
