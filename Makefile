@@ -27,11 +27,14 @@ install: $(VENV)/.installed
 train: install
 	$(BIN)/neuro-master --env $(ENV) --local-workers $(WORKERS) $(TRAIN_ARGS)
 
-test: lint deploy-lint
+# What CI runs: lint, checkov on deploy/ and on the rendered deploy/k8s manifests (k8s-tools and
+# k8s-lint, at the bottom with the other Kubernetes targets), then every test.
+test: lint deploy-lint k8s-tools k8s-lint
 	$(BIN)/python -m pytest -q --durations=30
 
-# The inner loop: lint and every test not marked slow (about a minute on 2 cores).
-test-fast: lint
+# The inner loop: lint and every test not marked slow (about a minute on 2 cores); k8s-tools
+# provides the kubectl tests/deploy/test_k8s.py renders the manifests with.
+test-fast: lint k8s-tools
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # On a GPU host: the tests that run on a CUDA device (marked gpu by tests/conftest.py; skipped,
@@ -67,7 +70,7 @@ stubs: install
 	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. --grpc_python_out=. \
 		proto/neuro/v1/evolution.proto
 
-clean:
+clean: k8s-clean
 	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .ruff_cache
 
 # Policy scan of deploy/ with checkov, in a venv of its own (it pins many packages). checkov
@@ -136,6 +139,3 @@ k8s-clean:
 	rm -rf $(K8S_VENV)
 
 .PHONY: k8s-tools k8s-lint k8s-clean
-test: k8s-tools k8s-lint
-test-fast: k8s-tools
-clean: k8s-clean
