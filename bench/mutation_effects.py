@@ -38,7 +38,7 @@ from neuro.layout import ATARI_SHAPE, init_scale, parameter_layout  # noqa: E402
 from neuro.noise import NoiseTableSpec, load_noise_table  # noqa: E402
 from worker.evaluation.evaluator import Evaluator  # noqa: E402
 from worker.evaluation.spec import EvaluationSpec  # noqa: E402
-from worker.inference.static_int8 import quantised_rows  # noqa: E402
+from worker.inference.int8_static import quantised_rows  # noqa: E402
 from worker.play.envs import VECTOR  # noqa: E402
 
 STUDY = REPO / "bench" / "results" / "learning-parity"

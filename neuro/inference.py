@@ -27,7 +27,7 @@ bfloat16: every layer but the output layer in bfloat16. int8: the hidden dense l
 in int8 (one scale per output unit), their inputs quantised on each call; convolutions in
 bfloat16; the output layer in float32. int8-static (Atari nets only): convolutions and dense
 layer on 7-bit weights and 8-bit activations whose scales are calibrated per genome on fixed
-frames of the game (worker/inference/static_int8.py)."""
+frames of the game (worker/inference/int8_static.py)."""
 
 ATARI_ARCHITECTURES = ("deepga", "nature")
 MLP_ARCHITECTURE = "mlp"

@@ -20,7 +20,7 @@ def _available(device: str) -> str | None:
 
 def _build(spec: NetSpec, weights: NetWeights) -> Forward:
     if spec.dtype == INT8_STATIC:
-        from worker.inference.engines.onnx_runtime.static_int8 import OnnxStaticInt8Forward
+        from worker.inference.engines.onnx_runtime.int8_static_graph import OnnxStaticInt8Forward
 
         return OnnxStaticInt8Forward(spec, weights)
     from worker.inference.engines.onnx_runtime.atari import OnnxAtariForward

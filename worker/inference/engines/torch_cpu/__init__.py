@@ -22,7 +22,7 @@ def _available(device: str) -> str | None:
 def _build(spec: NetSpec, weights: NetWeights) -> Forward:
     # Loaded here, not at import: the registry (and so `neuro-worker --help`) needs no torch.
     if spec.dtype == INT8_STATIC:
-        from worker.inference.engines.torch_cpu.static_int8 import TorchStaticInt8Forward
+        from worker.inference.engines.torch_cpu.int8_static_pass import TorchStaticInt8Forward
 
         return TorchStaticInt8Forward(spec, weights)
     from worker.inference.engines.torch_cpu.passes import TorchForward

@@ -10,7 +10,7 @@ workers' forward pass fell from 0.45 to 0.30 ms a step, and an offspring step fr
 1.12 ms (docs/performance.md, "int8-static").
 
 The definition, the same numbers on torch and ONNX Runtime and on every CPU (up to the order
-of the float32 output layer's sums; tests/worker/inference/test_static_int8.py):
+of the float32 output layer's sums; tests/worker/inference/test_int8_static.py):
 - Weights: per output channel (row), symmetric, 7 bits: scale = max|w| / 63, integers
   round-half-even(w x (1 / scale)). 7 bits because AVX2's u8 x s8 dot product adds pairs of
   products in saturating int16: 2 x 255 x 63 fits, 2 x 255 x 127 does not, and a CPU that

@@ -1,4 +1,4 @@
-"""int8-static on torch: the integer pass of worker/inference/static_int8.py, which defines it.
+"""int8-static on torch: the integer pass of worker/inference/int8_static.py, which defines it.
 
 Slower than ONNX Runtime's integer convolutions on a CPU (it computes the integer sums as exact
 float32 ones), and the reference the ONNX Runtime pass is held to.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.inference.static_int8 import QuantisingForward, check_observations
+from worker.inference.int8_static import QuantisingForward, check_observations
 
 
 class TorchStaticInt8Forward(QuantisingForward):

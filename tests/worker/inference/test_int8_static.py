@@ -17,13 +17,13 @@ from worker import evaluate_policy
 from worker.evaluation.calibration import calibration_observations
 from worker.evaluation.evaluator import Evaluator
 from worker.inference.engines.onnx_runtime.session import installed as onnxruntime_installed
-from worker.inference.policy import build_policy
-from worker.inference.static_int8 import (
+from worker.inference.int8_static import (
     ACTIVATION_LEVELS,
     WEIGHT_LEVELS,
     QuantisedAtariNet,
     quantised_rows,
 )
+from worker.inference.policy import build_policy
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 ACTIONS = gym.spaces.Discrete(18)

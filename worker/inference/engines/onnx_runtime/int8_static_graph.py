@@ -8,7 +8,7 @@ space-to-depth done once in numpy instead of ORT's transpose), on which conv1 is
 stride-1 convolution over 64 channels; the convolutions are the channels-last QLinearConv
 (com.microsoft); and the dense layer's rows are permuted to the (h, w, c) order of conv3's
 flattened NHWC output. Each output byte is the same integer sum, requantised the same way,
-as on the NCHW pass (the torch engine's; tests/worker/inference/test_static_int8.py holds
+as on the NCHW pass (the torch engine's; tests/worker/inference/test_int8_static.py holds
 them equal); on a Zen 3
 (AVX2) this cut a batch-1 pass from 0.271 to 0.256 ms (docs/performance.md, "int8-static").
 """
@@ -22,7 +22,7 @@ import numpy as np
 
 from worker.inference.base import NetSpec, NetWeights
 from worker.inference.engines.onnx_runtime.session import BoundSession, Graph
-from worker.inference.static_int8 import (
+from worker.inference.int8_static import (
     QuantisedAtariNet,
     QuantisingForward,
     check_observations,
@@ -156,7 +156,7 @@ def onnx_model(
 
 class OnnxStaticInt8Forward(QuantisingForward):
     """A policy's int8-static pass on ONNX Runtime: quantises each genome it loads
-    (worker/inference/static_int8.py) and builds a session over the integers."""
+    (worker/inference/int8_static.py) and builds a session over the integers."""
 
     def __init__(self, spec: NetSpec, weights: NetWeights) -> None:
         super().__init__(spec, weights)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from neuro.layout import ATARI_CONVS, atari_conv_pads
-from worker.inference.engines.onnx_runtime.static_int8 import ObservationBlocks
+from worker.inference.engines.onnx_runtime.int8_static_graph import ObservationBlocks
 
 SHAPE = (4, 84, 84)
 KERNEL, STRIDE = ATARI_CONVS[0][1], ATARI_CONVS[0][2]
