@@ -45,7 +45,10 @@ import numpy as np
 import torch
 try:
     from worker.inference.policy import build_policy
-    from worker.evaluation.calibration import calibration_observations
+    try:
+        from worker.play.calibration import calibration_observations
+    except ImportError:  # before calibration moved to play/
+        from worker.evaluation.calibration import calibration_observations
 except ImportError:  # the layout before the worker's rooms
     from worker.policies import build_policy
     from worker.static_int8 import calibration_observations

@@ -296,7 +296,7 @@ def _build(architecture: str, dtype: str, keyword: str | None, engine: str | Non
     if engine is not None:
         extra["inference_engine"] = engine
     if dtype == "int8-static":
-        from worker.evaluation.calibration import calibration_observations
+        from worker.play.calibration import calibration_observations
 
         extra["calibration"] = calibration_observations(env_id, "paper")
     return build_policy(architecture, space, gym.spaces.Discrete(18), **extra)

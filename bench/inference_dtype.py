@@ -30,8 +30,8 @@ import torch  # noqa: E402
 from neuro.decode import decode_genome  # noqa: E402
 from neuro.envs.make import PAPER, make_env  # noqa: E402
 from neuro.noise import NoiseTableSpec, load_noise_table  # noqa: E402
-from worker.evaluation.calibration import calibration_for  # noqa: E402
 from worker.inference.policy import Policy, build_policy  # noqa: E402
+from worker.play.calibration import calibration_for  # noqa: E402
 from worker.play.rollout import run_episode  # noqa: E402
 
 DTYPES = ("float32", "bfloat16", "int8", "int8-static")

@@ -43,8 +43,8 @@ def _child(index: int, cpu: int | None, dtype: str, steps: int, queue: Any) -> N
 
     from bench.hostcost import _vector_env
     from bench.inference_engines import play_timed
-    from worker.evaluation.calibration import calibration_for
     from worker.inference.policy import build_policy
+    from worker.play.calibration import calibration_for
 
     torch.set_num_threads(1)
     policy = build_policy("deepga", gym.spaces.Box(0, 255, (4, 84, 84), np.uint8),

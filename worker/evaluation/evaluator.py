@@ -19,7 +19,6 @@ from neuro.layout import check_parameter_count, init_scale, parameter_count
 from neuro.noise import load_noise_table
 from neuro.observation_stats import ObservationStats
 from neuro.shared_store import SharedVectorStore
-from worker.evaluation.calibration import calibration_for
 from worker.evaluation.parameters import (
     load_parameters_file,
     perturbed_parameters,
@@ -29,6 +28,7 @@ from worker.evaluation.spec import DecoderKey, EvaluationSpec, NetworkKey
 from worker.inference.base import NetSpec
 from worker.inference.policy import Policy, build_policy
 from worker.inference.registry import check_preference, preferred_engine
+from worker.play.calibration import calibration_for
 from worker.play.envs import GYM, EnvCache
 from worker.play.rollout import EpisodeResult, play
 

@@ -32,7 +32,7 @@ class NetSpec:
     dtype: str = FLOAT32
     calibration: np.ndarray | None = field(default=None, compare=False, repr=False)
     """int8-static: the (frames, *observation_shape) uint8 observations its activation scales
-    are calibrated on (worker/evaluation/calibration.py); None for other dtypes."""
+    are calibrated on (worker/play/calibration.py); None for other dtypes."""
 
     @property
     def layout(self) -> Layout:

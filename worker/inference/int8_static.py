@@ -129,7 +129,7 @@ def check_calibration(spec: NetSpec) -> np.ndarray:
     if spec.calibration is None:
         raise ValueError(
             f"inference dtype {INT8_STATIC!r} needs calibration observations (build_policy's "
-            "calibration: worker.evaluation.calibration.calibration_observations(env_id, "
+            "calibration: worker.play.calibration.calibration_observations(env_id, "
             "dynamics))"
         )
     if np.shape(spec.calibration)[1:] != spec.observation_shape:

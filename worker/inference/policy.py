@@ -166,7 +166,7 @@ def build_policy(
     `inference_engine`: the engine to prefer (None: preferred_engine(), onnxruntime where it
     is installed); a dtype or network it does not serve runs on the next engine that does, and
     Policy.inference_engine names it. `calibration`: the uint8 observations an int8-static
-    policy sets its activation scales on (worker/evaluation/calibration.py); other dtypes take
+    policy sets its activation scales on (worker/play/calibration.py); other dtypes take
     none."""
     spec = network_spec(architecture, observation_space, action_space, hidden_sizes,
                         inference_dtype, calibration)  # fmt: skip

@@ -14,7 +14,6 @@ import pytest
 
 from tests.support.processes import REPO, worker_env
 from worker import evaluate_policy
-from worker.evaluation.calibration import calibration_observations
 from worker.evaluation.evaluator import Evaluator
 from worker.inference.engines.onnx_runtime.session import installed as onnxruntime_installed
 from worker.inference.int8_static import (
@@ -24,6 +23,7 @@ from worker.inference.int8_static import (
     quantised_rows,
 )
 from worker.inference.policy import build_policy
+from worker.play.calibration import calibration_observations
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 ACTIONS = gym.spaces.Discrete(18)

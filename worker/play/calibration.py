@@ -1,6 +1,6 @@
 """The frames an int8-static policy is calibrated on: the game itself, played by seeded random
 actions. Here rather than beside the quantiser (worker/inference/int8_static.py), which takes
-frames as data: playing a game is the evaluation's business."""
+frames as data: playing a game is play's business."""
 
 from __future__ import annotations
 
