@@ -182,7 +182,7 @@ def test_a_network_larger_than_the_noise_table_is_refused_before_the_table_is_bu
     spec = dataclasses.replace(GOOD, noise_table=NoiseTableSpec(seed=9, size=1000))
     policy = build_policy("mlp", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), (64, 64))
     with pytest.raises(ValueError, match=f"{policy.num_params}.*1000"):
-        evaluator.decoder(spec, policy.spec)
+        evaluator.decoders.decoder(spec, policy.spec)
     with pytest.raises(ValueError, match=f"{policy.num_params}.*1000"):
         evaluator.parameters(dataclasses.replace(spec, perturbation=(0, 1, 1, 0.1)), policy.spec)
     assert not list(tmp_path.glob("*.f32"))

@@ -20,6 +20,13 @@ DEFAULT_ATARI_BACKEND = VECTOR
 """Chosen by measurement (docs/atari-engines.md): the C++ vector env plays more frames/s."""
 
 
+def check_atari_backend(atari_backend: str) -> str:
+    """`atari_backend` if it is one of ATARI_BACKENDS; ValueError naming it otherwise."""
+    if atari_backend not in ATARI_BACKENDS:
+        raise ValueError(f"atari engine must be one of {ATARI_BACKENDS}, got {atari_backend!r}")
+    return atari_backend
+
+
 class EnvBuildError(Exception):
     """The env could not be built on this worker (missing ROM, unknown id, ...)."""
 
@@ -53,9 +60,7 @@ class EnvCache:
         """`threads`: the C++ vector env's own threads stepping its sub-envs. `pipelined`: each
         game's `vector_size` sub-envs are two pipelined vector envs of half as many (see
         Rollout._step_pipelined), each task going to the one with more free sub-envs."""
-        if atari_backend not in ATARI_BACKENDS:
-            raise ValueError(f"atari engine must be one of {ATARI_BACKENDS}, got {atari_backend!r}")
-        self.atari_backend = atari_backend
+        self.atari_backend = check_atari_backend(atari_backend)
         self.vector_size = vector_size
         self.threads = threads
         self.pipelined = pipelined and vector_size > 1

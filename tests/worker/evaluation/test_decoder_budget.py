@@ -9,9 +9,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import worker.evaluation.evaluator as evaluator_module
 from neuro.decode import GenomeDecoder, decode_genome
 from neuro.noise import NoiseTableSpec, load_noise_table
+from worker.evaluation.decoders import MAX_DECODERS
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
 from worker.inference.policy import Policy, build_policy
@@ -40,7 +40,7 @@ def test_many_sigmas_and_shapes_never_hold_more_than_the_budget_in_total(tmp_pat
     sigmas = [0.001 * (i + 1) for i in range(12)]
     for sigma, (hidden, policy) in itertools.product(sigmas, policies.items()):
         spec = dataclasses.replace(SPEC, mutation_power=sigma, hidden_sizes=hidden)
-        decoder = evaluator.decoder(spec, policy.spec)
+        decoder = evaluator.decoders.decoder(spec, policy.spec)
         if decoder not in created:
             created.append(decoder)
         for parent, child in itertools.product(range(3), range(3)):
@@ -51,7 +51,7 @@ def test_many_sigmas_and_shapes_never_hold_more_than_the_budget_in_total(tmp_pat
             assert theta.tobytes() == expected.tobytes()
             assert _held_bytes(created) <= budget
     assert len(created) == len(sigmas) * len(policies)
-    assert len(evaluator._decoders) <= evaluator_module.MAX_DECODERS
+    assert len(evaluator.decoders) <= MAX_DECODERS
 
 
 def test_decoders_sharing_a_budget_take_room_from_the_least_recently_used_one_first(tmp_path):

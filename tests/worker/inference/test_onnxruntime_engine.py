@@ -232,7 +232,7 @@ def test_the_engine_a_policy_got_is_recorded_and_logged(caplog: pytest.LogCaptur
     evaluator = Evaluator(inference_engine="onnxruntime")
     handle = make_env("Frostbite-v4")
     try:
-        with caplog.at_level("INFO", logger="worker.evaluation.evaluator"):
+        with caplog.at_level("INFO", logger="worker.evaluation.policies"):
             for dtype in ("bfloat16", "int8", "bfloat16"):
                 spec = EvaluationSpec("Frostbite-v4", (1,), 0.002, NoiseTableSpec(size=2**22),
                                       "deepga", inference_dtype=dtype)  # fmt: skip

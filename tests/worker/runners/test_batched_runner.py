@@ -65,7 +65,7 @@ def test_genomes_decoded_on_the_device_score_as_decoded_on_the_host(
     assert run_all(runner, specs) == on_host
     if device == "cuda":
         assert BatchedRunner(evaluator, 2, device).decode_on_device  # the default there
-    decoders = list(evaluator._device_decoders.values())
+    decoders = list(evaluator.decoders._device_decoders.values())
     assert len(decoders) == 1 and decoders[0].device.type == device
     seeds = specs["t3"].seeds
     network = runner._groups[specs["t3"].network_key].network
