@@ -1,4 +1,5 @@
-"""neuro-master: serve a GA run over gRPC, optionally with local worker processes."""
+"""neuro-master: serve a neuroevolution run (the algorithm --algo names) over gRPC, optionally
+with local worker processes; `neuro-master status` asks a running master where it stands."""
 
 from __future__ import annotations
 
@@ -22,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from master.algorithms.es import ESConfig
-from master.algorithms.ga import GAConfig
-from master.algorithms.novelty import NoveltyConfig
+from master.algorithms import registry
+from master.algorithms.settings import SettingsSection
 from master.config import (
     ALGORITHMS,
     ARCHITECTURES,
     ATARI_DYNAMICS,
     INFERENCE_DTYPES,
+    SECTIONS,
     RunConfig,
     check_setting,
     inspect_env_id,
@@ -114,8 +115,8 @@ def _checked(name: str, convert: Callable[[str], Any]) -> Callable[[str], Any]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="neuro-master",
-        description="Run the Deep GA (or ES, or novelty search) master: hands evaluations out as "
-        "leases over gRPC.",
+        description="Serve a neuroevolution run (--algo: the Deep GA by default, ES or novelty "
+        "search): hands evaluations out as leases over gRPC.",
         epilog="neuro-master status --master HOST:PORT shows where a running master stands "
         "(neuro-master status --help).",
     )
@@ -124,9 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--algo",
         choices=ALGORITHMS,
         dest="algorithm",
-        help="ga (default): the Deep GA; es: Evolution Strategies on the same fleet; ga-ns: the "
-        "GA with parents chosen by novelty; ns-es, nsr-es: ES over a meta-population seeking "
-        "novelty (and reward) (a resumed run keeps its own)",
+        help=f"{_algorithms_help()} (a resumed run keeps its own)",
     )
     groups = {None: p}
     for setting in _settings():
@@ -150,33 +149,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _algorithms_help() -> str:
+    """Each registered algorithm and what it is; entries that share a summary share a line."""
+    parts: list[tuple[list[str], str]] = []
+    for name, entry in registry.REGISTRY.items():
+        shown = f"{name} (default)" if name == registry.DEFAULT_ALGORITHM else name
+        if parts and parts[-1][1] == entry.summary:
+            parts[-1][0].append(shown)
+        else:
+            parts.append(([shown], entry.summary))
+    return "; ".join(f"{', '.join(names)}: {summary}" for names, summary in parts)
+
+
 _BUDGET = "budget (the run stops at the first one reached)"
 _FLEET = "fleet"
-# Which config fields become flags, in which help group and order. GAConfig, ESConfig and
-# NoveltyConfig give all their fields (the GA first: its --seed is the ES's too); a RunConfig
-# field no group names lands among the general options, so a new field is a flag at once.
-_GROUPS: tuple[tuple[str, type, tuple[str, ...] | None], ...] = (
-    (_BUDGET, RunConfig, ("generations", "frames", "target_score")),
-    ("genetic algorithm (defaults: the paper's for Atari)", GAConfig, None),
-    ("evolution strategies (--algo es, ns-es, nsr-es)", ESConfig, None),
-    ("novelty search (--algo ga-ns, ns-es, nsr-es)", NoveltyConfig, None),
-    ("policy and env", RunConfig, ("architecture", "hidden_sizes", "atari_dynamics",
-                                   "inference_dtype", "max_episode_steps", "noise_table_size",
-                                   "noise_table_seed")),
-    (_FLEET, RunConfig, ("lease_seconds", "max_task_attempts", "episodes_per_task")),
+# RunConfig's own fields that become flags, by help group and order; each settings section of
+# the registry is a group of its own after the budget, all its fields flags unless it names
+# them fixed (the first section with a field gives its flag: the GA's --seed is the ES's too).
+# A RunConfig field no group names lands among the general options, so a new field is a flag
+# at once.
+_RUN_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("policy and env", ("architecture", "hidden_sizes", "atari_dynamics", "inference_dtype",
+                        "max_episode_steps", "noise_table_size", "noise_table_seed")),
+    (_FLEET, ("lease_seconds", "max_task_attempts", "episodes_per_task")),
 )  # fmt: skip
-# Fields that are no flag: set from --env, --algo or by the run itself, the algorithm sections,
-# and the Adam moments, which the paper's settings never change.
-_NOT_FLAGS = frozenset({"env_id", "atari", "ga", "es", "novelty", "algorithm", "run_id", "beta1",
-                        "beta2"})  # fmt: skip
-# Flag names kept from before the flags were generated, so scripts and templates keep working,
-# and one a bare field name would leave unclear (--k).
-_FLAG_NAMES = {"population_size": "--population", "architecture": "--policy",
-               "hidden_sizes": "--hidden", "k": "--novelty-k"}  # fmt: skip
+_BUDGET_FIELDS = ("generations", "frames", "target_score")
+# RunConfig fields that are no flag: set from --env, --algo or by the run itself.
+_NOT_FLAGS = frozenset({"env_id", "atari", "sections", "algorithm", "run_id"})
+# Flag names kept from before the flags were generated, so scripts and templates keep working.
+_FLAG_NAMES = {"architecture": "--policy", "hidden_sizes": "--hidden"}
 _TYPES: dict[str, Callable[[str], Any]] = {"hidden_sizes": _hidden_sizes}
 _CHOICES = {"architecture": ARCHITECTURES, "atari_dynamics": ATARI_DYNAMICS,
             "inference_dtype": INFERENCE_DTYPES}  # fmt: skip
-_SECTIONS = {GAConfig: "ga", ESConfig: "es", NoveltyConfig: "novelty"}
 
 
 @dataclass(frozen=True)
@@ -187,21 +191,29 @@ class _Setting:
     flag: str
     group: str | None
     section: str | None
-    """The RunConfig field that holds it ("ga", "es", "novelty"), or None for RunConfig's own."""
+    """The settings section that holds it ("ga", "es", "novelty"), or None for RunConfig's own."""
     options: dict[str, Any]
 
 
 @functools.cache
 def _settings() -> tuple[_Setting, ...]:
-    """Every run setting the command line may give, generated from the config dataclasses."""
+    """Every run setting the command line may give, generated from RunConfig and the
+    registry's settings sections."""
     settings: dict[str, _Setting] = {}
-    grouped = {name for _, _, names in _GROUPS for name in names or ()}
+    grouped = {*_BUDGET_FIELDS, *(name for _, names in _RUN_GROUPS for name in names)}
     leftover = tuple(f.name for f in dataclasses.fields(RunConfig)
-                     if f.name not in grouped | _NOT_FLAGS)  # fmt: skip
-    for group, cls, names in (*_GROUPS, (None, RunConfig, leftover)):
+                     if f.init and f.name not in grouped | _NOT_FLAGS)  # fmt: skip
+    groups: list[tuple[str | None, type, tuple[str, ...], SettingsSection[Any] | None]] = [
+        (_BUDGET, RunConfig, _BUDGET_FIELDS, None),
+        *((_section_title(s), s.settings, _section_flags(s), s) for s in SECTIONS),
+        *((title, RunConfig, names, None) for title, names in _RUN_GROUPS),
+        (None, RunConfig, leftover, None),
+    ]
+    for group, cls, names, section in groups:
         docs, hints = _field_docs(cls), typing.get_type_hints(cls)
-        for name in names or [f.name for f in dataclasses.fields(cls)]:
-            if name in settings or name in _NOT_FLAGS:
+        flag_names = _FLAG_NAMES if section is None else section.flag_names
+        for name in names:
+            if name in settings:
                 continue  # the ES's seed is the GA's --seed
             # argparse formats help with %: a literal one in a docstring must be doubled.
             help_text = docs.get(name, "").replace("%", "%%") or None
@@ -214,9 +226,19 @@ def _settings() -> tuple[_Setting, ...]:
                 options["type"] = _checked(name, options["type"])
             if name in _CHOICES:
                 options["choices"] = _CHOICES[name]
-            flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
-            settings[name] = _Setting(name, flag, group, _SECTIONS.get(cls), options)
+            flag = flag_names.get(name, "--" + name.replace("_", "-"))
+            where = None if section is None else section.name
+            settings[name] = _Setting(name, flag, group, where, options)
     return tuple(settings.values())
+
+
+def _section_title(section: SettingsSection[Any]) -> str:
+    """Its help group's title, naming the --algo values that use it where it asks to."""
+    return section.title.format(algorithms=", ".join(registry.algorithms_using(section)))
+
+
+def _section_flags(section: SettingsSection[Any]) -> tuple[str, ...]:
+    return tuple(name for name in section.field_names if name not in section.fixed)
 
 
 def _scalar(hint: Any) -> type:
@@ -343,7 +365,7 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
 
 def _setting(config: RunConfig, setting: _Setting) -> Any:
     """A run setting's value in a config, None where its section is absent (ES on a GA run)."""
-    section = getattr(config, setting.section) if setting.section else config
+    section = config.sections.get(setting.section) if setting.section else config
     return getattr(section, setting.name, None)
 
 
@@ -418,7 +440,8 @@ def _resolve_config(
         if resume is None:
             kind = inspect_env_id(args.env)
             batched = batched_local_workers(args.worker_arg, args.local_workers, listed_gpus())
-            config = preset(kind, batched, algorithm=args.algorithm or "ga", **overrides)
+            algorithm = args.algorithm or registry.DEFAULT_ALGORITHM
+            config = preset(kind, batched, algorithm=algorithm, **overrides)
             return config, None
         return _resumed_config(args, run_dir, resume, overrides, settings), resume
     except (ValueError, TypeError, CheckpointError) as error:

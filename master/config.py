@@ -5,17 +5,24 @@ from __future__ import annotations
 import dataclasses
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from master.algorithms.base import Parameters
-from master.algorithms.es import ESConfig
-from master.algorithms.ga import GAConfig
-from master.algorithms.novelty import NoveltyConfig
-from master.algorithms.registry import ALGORITHMS, get
+from master.algorithms.ga import GAConfig  # re-exported: bench/throughput.py reads it from here
+from master.algorithms.registry import (
+    ALGORITHMS,
+    DEFAULT_ALGORITHM,
+    SECTIONS,
+    algorithms_using,
+    get,
+    run_sections,
+)
+from neuro.envs import register_envs
 from neuro.envs.make import ATARI_DYNAMICS, EnvKind, inspect_env_id
 from neuro.genome import Genome
 from neuro.inference import (
@@ -38,19 +45,23 @@ __all__ = [
     "ATARI_DYNAMICS",
     "INFERENCE_DTYPES",
     "MAX_EVALUATIONS_PER_GENERATION",
+    "SECTIONS",
     "EnvKind",
+    "GAConfig",
     "RunConfig",
     "check_setting",
+    "env_step_limit",
     "inspect_env_id",
     "preset",
 ]
 
 ATARI_TRAINING_EPISODE_STEPS = 5000
 MAX_EVALUATIONS_PER_GENERATION = 250_000
-"""Episodes one generation may ask for (ES: 2 x pairs + eval_episodes; GA: population +
-elite_candidates x elite_episodes). The master keeps about 1 KB of bookkeeping per evaluation of
-the running generation (its request, task and lease), and all of it at once: 250,000 is about
-0.25 GB, and a setting of 100,000,000 pairs would exhaust the machine before the first task."""
+"""Episodes one generation may ask for (each settings section says what it adds: ES 2 x pairs
++ eval_episodes, GA population + elite_candidates x elite_episodes). The master keeps about
+1 KB of bookkeeping per evaluation of the running generation (its request, task and lease),
+and all of it at once: 250,000 is about 0.25 GB, and a setting of 100,000,000 pairs would
+exhaust the machine before the first task."""
 _UINT32_MAX = 2**32 - 1
 """The wire's uint32 fields (the noise table's seed, a task's max_episode_steps and episodes)."""
 
@@ -104,7 +115,6 @@ class RunConfig:
 
     env_id: str
     atari: bool
-    ga: GAConfig
     architecture: str
     """Policy network: deepga (paper, 4M params), nature (1.7M), mlp (vector observations)."""
     hidden_sizes: tuple[int, ...] = ()
@@ -136,35 +146,40 @@ class RunConfig:
     episodes_per_task: int = 1
     """Episodes one task plays, so long re-evaluations spread over workers."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    es: ESConfig | None = None
-    """Set for the ES family (es, ns-es, nsr-es): its ES hyperparameters."""
-    novelty: NoveltyConfig | None = None
-    """Set for novelty search (ga-ns, ns-es, nsr-es): its novelty hyperparameters."""
     algorithm: str = ""
     """The registry name of the algorithm that runs; empty (a config.json written before it
-    was recorded): es when `es` is set, else ga."""
+    was recorded): es when an "es" section is given, else ga."""
+    sections: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """The algorithm's settings, by section name (master.algorithms.settings): those of the
+    registry's run_sections(algorithm), no others. Read-only; config.ga and the like read one."""
+    episode_step_limit: int = field(init=False, repr=False, compare=False)
+    """Most agent steps an episode of the run lasts: max_episode_steps or the env's registered
+    time limit, the smaller where both are set; 0 where neither is. Derived when the config is
+    made, never recorded."""
+
+    def __getattr__(self, name: str) -> Any:
+        """A section's settings by its name (config.ga, config.es): None where the run has none."""
+        # Only called for names that are no attribute; __dict__, as unpickling may ask first.
+        sections = self.__dict__.get("sections")
+        if sections is not None and any(section.name == name for section in SECTIONS):
+            return sections.get(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def seed(self) -> int:
-        """The run seed (env seeds of tasks derive from it): the ES's for the ES family."""
-        return self.es.seed if self.es is not None else self.ga.seed
+        """The run seed (env seeds of tasks derive from it): that of the algorithm's first
+        section with one (the ES's for the ES family, whose --seed is the GA's too), else that
+        of the sections every run records."""
+        every_run = [section for section in SECTIONS if section.every_run]
+        for section in (*get(self.algorithm).sections, *every_run):
+            if "seed" in section.field_names:
+                return self.sections[section.name].seed
+        raise AssertionError(f"no settings section of {self.algorithm} has a seed")
 
     def __post_init__(self) -> None:
         if not self.algorithm:
-            object.__setattr__(self, "algorithm", "es" if self.es is not None else "ga")
-        sections = get(self.algorithm).sections
-        for section in ("es", "novelty"):
-            if (getattr(self, section) is not None) != (section in sections):
-                state = "needs" if section in sections else "takes no"
-                raise ValueError(f"algorithm {self.algorithm!r} {state} {section} settings")
-        if self.es is not None and self.es.observation_norm and self.algorithm != "es":
-            # NS-ES's members would need a normaliser each; only plain ES keeps one.
-            raise ValueError(f"observation_norm is an --algo es setting, not {self.algorithm}'s")
-        if self.es is not None and self.es.observation_norm and self.atari:
-            # Checked here, not when the algorithm is built: the command line then says so.
-            raise ValueError(
-                f"observation_norm is for vector observations, not Atari frames ({self.env_id})"
-            )
+            object.__setattr__(self, "algorithm", "es" if "es" in self.sections else "ga")
+        self._check_sections()
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"architecture {self.architecture!r} is not one of {ARCHITECTURES}")
         if self.atari_dynamics not in ATARI_DYNAMICS:
@@ -186,6 +201,28 @@ class RunConfig:
             check_setting(name, getattr(self, name))
         self._check_network_fits_table()
         self._check_generation_size()
+        limit = episode_step_limit(self.env_id, self.max_episode_steps)
+        object.__setattr__(self, "episode_step_limit", limit)
+
+    def _check_sections(self) -> None:
+        """Exactly the algorithm's sections, each of its dataclass and fitting the run."""
+        recorded = run_sections(self.algorithm)
+        names = {section.name for section in recorded}
+        for section in SECTIONS:
+            if (section.name in self.sections) != (section.name in names):
+                state = "needs" if section.name in names else "takes no"
+                raise ValueError(f"algorithm {self.algorithm!r} {state} {section.name} settings")
+        unknown = sorted(set(self.sections) - {section.name for section in SECTIONS})
+        if unknown:
+            raise ValueError(f"no algorithm has settings sections {unknown}")
+        # In SECTIONS order, whatever the caller's, so equal configs are equal mappings.
+        ordered = {section.name: self.sections[section.name] for section in recorded}
+        object.__setattr__(self, "sections", ordered)
+        for section in recorded:
+            settings = section.of(self)
+            if section.fits_run is not None:
+                # Checked here, not when the algorithm is built: the command line then says so.
+                section.fits_run(settings, self)
 
     def _check_network_fits_table(self) -> None:
         """The smallest network this architecture can be (one input, one output) must fit the
@@ -201,16 +238,13 @@ class RunConfig:
 
     def _check_generation_size(self) -> None:
         """Refused before the master allocates a generation's bookkeeping it cannot hold."""
-        es, ga = self.es, self.ga
-        if es is not None and "es" in get(self.algorithm).sections:
-            total = es.evaluations_per_generation
-            formula = f"2 x pairs ({es.pairs}) + eval_episodes ({es.eval_episodes})"
-        else:
-            total = ga.evaluations_per_generation
-            formula = (
-                f"population_size ({ga.population_size}) + elite_candidates "
-                f"({ga.elite_candidates}) x elite_episodes ({ga.elite_episodes})"
-            )
+        sizes = [
+            section.generation_size(self.sections[section.name])
+            for section in get(self.algorithm).sections
+            if section.generation_size is not None
+        ]
+        total = sum(size for size, _ in sizes)
+        formula = " + ".join(formula for _, formula in sizes)
         if total > MAX_EVALUATIONS_PER_GENERATION:
             raise ValueError(
                 f"a generation of {formula} = {total} evaluations is more than the master "
@@ -218,21 +252,28 @@ class RunConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["hidden_sizes"] = list(self.hidden_sizes)
-        return data
+        """config.json's document: every key and value, in the order masters have written them
+        (the sections every run records after env_id and atari, the others before algorithm)."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.init and f.name not in ("sections", "algorithm")}  # fmt: skip
+        own["hidden_sizes"] = list(self.hidden_sizes)
+        head = {name: own.pop(name) for name in ("env_id", "atari")}
+        recorded = {s.name: self._section_dict(s.name) for s in SECTIONS if s.every_run}
+        others = {s.name: self._section_dict(s.name) for s in SECTIONS if not s.every_run}
+        return {**head, **recorded, **own, **others, "algorithm": self.algorithm}
+
+    def _section_dict(self, name: str) -> dict[str, Any] | None:
+        settings = self.sections.get(name)
+        return None if settings is None else dataclasses.asdict(settings)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         """Inverse of to_dict (a checkpoint's copy of the settings)."""
         fields = dict(data)
-        fields["ga"] = GAConfig(**fields["ga"])
-        if fields.get("es") is not None:
-            fields["es"] = ESConfig(**fields["es"])
-        if fields.get("novelty") is not None:
-            fields["novelty"] = NoveltyConfig(**fields["novelty"])
+        given = {s: fields.pop(s.name, None) for s in SECTIONS}
+        sections = {s.name: s.settings(**value) for s, value in given.items() if value is not None}
         fields["hidden_sizes"] = tuple(fields["hidden_sizes"])
-        return cls(**fields)
+        return cls(**fields, sections=sections)
 
     def genome_document(self, genome: Genome) -> dict[str, Any]:
         """A genome with everything needed to rebuild and replay it, as saved in JSON."""
@@ -243,7 +284,7 @@ class RunConfig:
             "architecture": self.architecture,
             "hidden_sizes": list(self.hidden_sizes),
             "noise_table": {"seed": self.noise_table_seed, "size": self.noise_table_size},
-            "mutation_power": self.ga.mutation_power,
+            "mutation_power": get(self.algorithm).mutation_power(self),
             "max_episode_steps": self.max_episode_steps,
             "inference_dtype": self.inference_dtype,
             "seeds": list(genome.seeds),
@@ -251,7 +292,6 @@ class RunConfig:
 
     def parameters_document(self, parameters: Parameters) -> dict[str, Any]:
         """ES-family parameters for replay: the run dir writes "parameters" as an .npy beside it."""
-        assert self.es is not None
         document = self.genome_document(Genome((0,)))
         vector = parameters.theta
         if parameters.observation_norm is not None:
@@ -259,89 +299,75 @@ class RunConfig:
             mean, std = parameters.observation_norm
             vector = np.concatenate([vector, mean, std]).astype(np.float32)
             document["observation_size"] = int(mean.size)
-        document.update(seeds=[], mutation_power=self.es.sigma, version=parameters.version,
-                        parameters=vector)  # fmt: skip
+        document.update(seeds=[], version=parameters.version, parameters=vector)
         return document
 
 
 def preset(kind: EnvKind, batched: bool = False, **overrides: Any) -> RunConfig:
     """Defaults for this kind of env, with the user's explicit settings on top.
 
-    Atari gets the paper's settings, and the GA int8-static unless `batched` (the run's
-    workers are the batched/GPU runner, which runs float32 only; neuro.inference.
-    default_dtype). Vector-observation envs get a small, fast GA whose elite is still judged
-    over 30 episodes, so "solved" means what the env's threshold means (one episode for
-    neuro's toy tasks, whose return does not vary).
+    Atari gets the paper's network, noise table and episode cap, and each settings section its
+    Atari preset (the paper's GA); a GA run gets int8-static unless `batched` (the run's workers
+    are the batched/GPU runner, which runs float32 only; neuro.inference.default_dtype).
+    Vector-observation envs get an mlp and each section's small preset. `overrides` name
+    RunConfig's fields and those of the algorithm's sections; "seed" seeds every section that
+    has one.
     """
-    algorithm = overrides.pop("algorithm", "ga")
-    sections = get(algorithm).sections
-    novelty_fields = {f.name for f in dataclasses.fields(NoveltyConfig)}
-    novelty_overrides = {k: overrides.pop(k) for k in list(overrides) if k in novelty_fields}
-    es_fields = {f.name for f in dataclasses.fields(ESConfig)}
-    es_overrides = {k: overrides.pop(k) for k in list(overrides) if k in es_fields - {"seed"}}
-    if "seed" in overrides:
-        es_overrides["seed"] = overrides["seed"]
-    ga_fields = {f.name for f in dataclasses.fields(GAConfig)}
-    ga_overrides = {k: overrides.pop(k) for k in list(overrides) if k in ga_fields}
+    algorithm = overrides.pop("algorithm", DEFAULT_ALGORITHM)
+    recorded = run_sections(algorithm)
+    section_fields = {name for section in SECTIONS for name in section.field_names}
+    given = {k: overrides.pop(k) for k in list(overrides) if k in section_fields}
+    sections: dict[str, Any] = {}
+    for section in SECTIONS:
+        mine = {k: v for k, v in given.items() if k in section.field_names}
+        if section in recorded:
+            sections[section.name] = section.preset(kind, mine)
+            continue
+        stray = sorted(k for k in mine if not any(k in s.field_names for s in recorded))
+        if stray:
+            using = ", ".join(algorithms_using(section))
+            raise ValueError(f"{stray} are {section.noun} settings (--algo {using})")
     if kind.atari:
-        ga = _ga_config({}, ga_overrides)
         base: dict[str, Any] = {
             "architecture": "deepga",
             "noise_table_size": PAPER_NOISE_TABLE_SIZE,
             "max_episode_steps": ATARI_TRAINING_EPISODE_STEPS,
         }
     else:
-        ga_defaults = {
-            "population_size": 100,
-            "truncation": 10,
-            "mutation_power": 0.05,
-            "elite_candidates": 3,
-            "elite_episodes": 1 if kind.deterministic else 30,
-        }
-        ga = _ga_config(ga_defaults, ga_overrides)
         base = {
             "architecture": "mlp",
             "hidden_sizes": (64, 64),
             "noise_table_size": SMALL_NOISE_TABLE_SIZE,
             "target_score": kind.reward_threshold,
         }
-    if "es" in sections:
-        es_defaults: dict[str, Any] = (
-            {"pairs": 500, "sigma": 0.02, "learning_rate": 0.01, "eval_episodes": 1}
-            if kind.atari
-            else {"eval_episodes": 1 if kind.deterministic else 30}
-        )
-        base["es"] = ESConfig(**{**es_defaults, **es_overrides})
-    elif es_overrides.keys() - {"seed"}:
-        raise ValueError(f"{sorted(es_overrides.keys() - {'seed'})} are ES settings "
-                         f"(--algo {_using('es')})")  # fmt: skip
-    if "novelty" in sections:
-        base["novelty"] = NoveltyConfig(**novelty_overrides)
-    elif novelty_overrides:
-        raise ValueError(f"{sorted(novelty_overrides)} are novelty search settings "
-                         f"(--algo {_using('novelty')})")  # fmt: skip
     # An explicit None is a setting too (target_score=None: no target).
     settings = {**base, **overrides}
     if "inference_dtype" not in settings:
-        # The study behind the default trained the GA; an ES's gradient estimate from
-        # quantised policies was never measured, so the ES family stays on float32.
         runner = BATCHED if batched else PER_GENOME
+        measured = all(section.learns_quantised for section in recorded)
         settings["inference_dtype"] = (
-            FLOAT32 if "es" in sections else default_dtype(settings["architecture"], runner)
+            default_dtype(settings["architecture"], runner) if measured else FLOAT32
         )
-    return RunConfig(env_id=kind.env_id, atari=kind.atari, ga=ga, algorithm=algorithm, **settings)
+    return RunConfig(env_id=kind.env_id, atari=kind.atari, algorithm=algorithm,
+                     sections=sections, **settings)  # fmt: skip
 
 
-def _using(section: str) -> str:
-    """The algorithms whose settings include `section`, as the --algo values to name."""
-    return ", ".join(name for name in ALGORITHMS if section in get(name).sections)
+def episode_step_limit(env_id: str, max_episode_steps: int) -> int:
+    """Most agent steps an episode lasts: `max_episode_steps` or the env's time limit, the
+    smaller where both are set; 0 where neither is."""
+    limits = [max_episode_steps] if max_episode_steps > 0 else []
+    registered = env_step_limit(env_id)
+    if registered:
+        limits.append(registered)
+    return min(limits, default=0)
 
 
-def _ga_config(defaults: dict[str, Any], overrides: dict[str, Any]) -> GAConfig:
-    """Defaults the user did not override shrink to fit a small population."""
-    settings = {**defaults, **overrides}
-    population = settings.get("population_size", GAConfig.population_size)
-    for name in ("truncation", "elite_candidates"):
-        if name not in overrides:
-            settings[name] = min(settings.get(name, getattr(GAConfig, name)), population)
-    return GAConfig(**settings)
+def env_step_limit(env_id: str) -> int:
+    """The time limit gymnasium registers for a (non-Atari) env id, which workers' envs keep
+    (neuro.envs.make builds them with gym.make); 0 if it has none or the id is not known."""
+    register_envs(env_id)  # neuro's toy tasks, the maze
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error:
+        return 0
+    return int(spec.max_episode_steps or 0)

@@ -27,49 +27,52 @@ from master.algorithms.base import (
     check_format,
     check_returns,
 )
+from master.algorithms.settings import (
+    POSITIVE,
+    SEED,
+    Bound,
+    EnvTraits,
+    RunFacts,
+    SettingsSection,
+    bounded,
+    check_bounds,
+    integer,
+    number,
+)
 from neuro.genome import SEED_BOUND
 from neuro.noise import noise_offset
 from neuro.observation_stats import MAX_OBSERVATION_SIZE, ObservationStats
 
 THETA = "theta"
 STATE_FORMAT = "neuro.es/1"
+ADAM_BETA = Bound(0, 1, integer=False, high_open=True)
+"""Adam's moment decay: 1 would divide its bias correction by zero."""
 
 
 @dataclass(frozen=True)
 class ESConfig:
     """Hyperparameters of the ES update."""
 
-    pairs: int = 25
+    pairs: int = bounded(25, integer(1))
     """Antithetic pairs per update (2 * pairs perturbed evaluations)."""
-    sigma: float = 0.1
+    sigma: float = bounded(0.1, POSITIVE)
     """Standard deviation of the parameter noise."""
-    learning_rate: float = 0.03
+    learning_rate: float = bounded(0.03, POSITIVE)
     """Adam step size."""
-    weight_decay: float = 0.005
+    weight_decay: float = bounded(0.005, number(0))
     """L2 coefficient pulling theta towards 0 (OpenAI ES's l2coeff)."""
-    eval_episodes: int = 30
+    eval_episodes: int = bounded(30, integer(1))
     """Episodes the unperturbed theta plays each update (its score and rank)."""
-    beta1: float = 0.9
-    beta2: float = 0.999
-    seed: int = 0
+    beta1: float = bounded(0.9, ADAM_BETA)
+    beta2: float = bounded(0.999, ADAM_BETA)
+    seed: int = bounded(0, SEED)
     """Seeds the noise indices and theta's initialisation."""
     observation_norm: bool = False
     """Feed the policy observations normalised by the running mean and std of every
     observation workers saw (OpenAI's ES; for vector observations, e.g. MuJoCo tasks)."""
 
     def __post_init__(self) -> None:
-        if self.pairs < 1:
-            raise ValueError(f"pairs must be >= 1, got {self.pairs}")
-        for name in ("sigma", "learning_rate"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number, got {value}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if self.eval_episodes < 1:
-            raise ValueError(f"eval_episodes must be >= 1, got {self.eval_episodes}")
-        if not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        check_bounds(self)
 
     @property
     def evaluations_per_generation(self) -> int:
@@ -440,3 +443,49 @@ class EvolutionStrategy(Algorithm):
         size = self.config.pairs
         # A noise index selects a table slice exactly as a genome seed does, so the same bound.
         return self._rng.integers(SEED_BOUND, size=size, dtype=np.uint64).tolist()
+
+
+PAPER_ES = {"pairs": 500, "sigma": 0.02, "learning_rate": 0.01, "eval_episodes": 1}
+"""Atari's ES: untuned starting points at the GA paper's scale."""
+
+
+def preset(kind: EnvTraits, overrides: Mapping[str, Any]) -> ESConfig:
+    """Atari: PAPER_ES. Other envs: the dataclass's defaults, theta judged over 30 episodes (one
+    where the return cannot vary)."""
+    defaults = PAPER_ES if kind.atari else {"eval_episodes": 1 if kind.deterministic else 30}
+    return ESConfig(**{**defaults, **overrides})
+
+
+def generation_size(config: ESConfig) -> tuple[int, str]:
+    """Episodes one update asks for, and how they add up."""
+    formula = f"2 x pairs ({config.pairs}) + eval_episodes ({config.eval_episodes})"
+    return config.evaluations_per_generation, formula
+
+
+def fits_run(config: ESConfig, run: RunFacts) -> None:
+    """Observation normalisation is plain ES's, on vector observations."""
+    if not config.observation_norm:
+        return
+    if run.algorithm != EvolutionStrategy.name:
+        # NS-ES's members would need a normaliser each; only plain ES keeps one.
+        raise ValueError(f"observation_norm is an --algo es setting, not {run.algorithm}'s")
+    if run.atari:
+        raise ValueError(
+            f"observation_norm is for vector observations, not Atari frames ({run.env_id})"
+        )
+
+
+ES_SETTINGS = SettingsSection(
+    name="es",
+    settings=ESConfig,
+    noun="ES",
+    title="evolution strategies (--algo {algorithms})",
+    preset=preset,
+    generation_size=generation_size,
+    fits_run=fits_run,
+    # Adam's moments: the paper's settings never change them.
+    fixed=frozenset({"beta1", "beta2"}),
+    # Its gradient estimate from quantised policies was never measured.
+    learns_quantised=False,
+)
+"""The ES update's settings: --algo es, ns-es and nsr-es run on them."""

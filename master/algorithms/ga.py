@@ -19,6 +19,15 @@ from master.algorithms.base import (
     check_format,
     check_returns,
 )
+from master.algorithms.settings import (
+    POSITIVE,
+    SEED,
+    EnvTraits,
+    SettingsSection,
+    bounded,
+    check_bounds,
+    integer,
+)
 from neuro.genome import SEED_BOUND, Genome
 from neuro.observation_stats import ObservationStats
 
@@ -29,43 +38,69 @@ STATE_FORMAT = "neuro.ga/1"
 class GAConfig:
     """Hyperparameters; the defaults are the paper's Atari settings."""
 
-    population_size: int = 1000
+    population_size: int = bounded(1000, integer(2))
     """Individuals per generation, the carried-over elite included (paper: 1000)."""
-    truncation: int = 20
+    truncation: int = bounded(20, integer(0, "population_size"))
     """Top individuals that become parents; 0 turns the GA into random search."""
-    mutation_power: float = 0.002
+    mutation_power: float = bounded(0.002, POSITIVE)
     """Standard deviation of the Gaussian mutation (paper: 0.002)."""
-    elite_candidates: int = 10
+    elite_candidates: int = bounded(10, integer(1, "population_size"))
     """Individuals re-evaluated to choose the elite (paper: 10)."""
-    elite_episodes: int = 30
+    elite_episodes: int = bounded(30, integer(1))
     """Extra episodes each elite candidate plays (paper: 30)."""
-    seed: int = 0
+    seed: int = bounded(0, SEED)
     """Seeds every random choice of the run."""
 
     def __post_init__(self) -> None:
-        if self.population_size < 2:
-            raise ValueError(f"population_size must be >= 2, got {self.population_size}")
-        if not 0 <= self.truncation <= self.population_size:
-            raise ValueError(
-                f"truncation must be in [0, population_size={self.population_size}], "
-                f"got {self.truncation}"
-            )
-        if not (math.isfinite(self.mutation_power) and self.mutation_power > 0):
-            raise ValueError(f"mutation_power must be a positive number, got {self.mutation_power}")
-        if not 1 <= self.elite_candidates <= self.population_size:
-            raise ValueError(
-                f"elite_candidates must be in [1, population_size={self.population_size}], "
-                f"got {self.elite_candidates}"
-            )
-        if self.elite_episodes < 1:
-            raise ValueError(f"elite_episodes must be >= 1, got {self.elite_episodes}")
-        if not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        check_bounds(self)
 
     @property
     def evaluations_per_generation(self) -> int:
         """Episodes one generation plays: N offspring plus K candidates x E episodes."""
         return self.population_size + self.elite_candidates * self.elite_episodes
+
+
+SMALL_GA = {"population_size": 100, "truncation": 10, "mutation_power": 0.05,
+            "elite_candidates": 3}  # fmt: skip
+"""A vector-observation env's GA: small and fast (the elite's episodes depend on the env)."""
+
+
+def preset(kind: EnvTraits, overrides: Mapping[str, Any]) -> GAConfig:
+    """Atari: the paper's GA. Other envs: SMALL_GA, whose elite is still judged over 30 episodes,
+    so "solved" means what the env's threshold means (one episode where the return cannot vary).
+    Defaults the user did not override shrink to fit a small population."""
+    defaults: dict[str, Any] = (
+        {} if kind.atari else {**SMALL_GA, "elite_episodes": 1 if kind.deterministic else 30}
+    )
+    settings = {**defaults, **overrides}
+    population = settings.get("population_size", GAConfig.population_size)
+    for name in ("truncation", "elite_candidates"):
+        if name not in overrides:
+            settings[name] = min(settings.get(name, getattr(GAConfig, name)), population)
+    return GAConfig(**settings)
+
+
+def generation_size(config: GAConfig) -> tuple[int, str]:
+    """Episodes one generation asks for, and how they add up."""
+    formula = (
+        f"population_size ({config.population_size}) + elite_candidates "
+        f"({config.elite_candidates}) x elite_episodes ({config.elite_episodes})"
+    )
+    return config.evaluations_per_generation, formula
+
+
+GA_SETTINGS = SettingsSection(
+    name="ga",
+    settings=GAConfig,
+    noun="GA",
+    title="genetic algorithm (defaults: the paper's for Atari)",
+    preset=preset,
+    generation_size=generation_size,
+    # --population, as before the flags were generated, so scripts and templates keep working.
+    flag_names={"population_size": "--population"},
+    every_run=True,
+)
+"""The GA's settings: --algo ga and ga-ns run on them."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,15 @@ from typing import Any
 
 import numpy as np
 
+from master.algorithms.settings import (
+    SettingsSection,
+    bounded,
+    check_bounds,
+    integer,
+    number,
+    plain_preset,
+)
+
 ARCHIVE_FORMAT = "neuro.novelty-archive/1"
 ARCHIVE_STREAM = 0x6E6F76
 """Spawn key of the archive's random stream, so it never repeats the algorithm's own draws."""
@@ -40,31 +49,32 @@ Atari network)."""
 class NoveltyConfig:
     """Hyperparameters of novelty search (GA-NS, NS-ES, NSR-ES)."""
 
-    k: int = 10
+    k: int = bounded(10, integer(1, MAX_ARCHIVE_CAPACITY))
     """Nearest neighbours whose mean distance is a behaviour's novelty (Conti et al.: 10)."""
-    archive_probability: float = 0.01
+    archive_probability: float = bounded(0.01, number(0, 1))
     """GA-NS: chance that each individual's behaviour enters the archive, about 10 a
     generation at a population of 1000 (NS-ES archives its evaluated theta's every generation)."""
-    archive_capacity: int = 10_000
+    archive_capacity: int = bounded(10_000, integer(1, MAX_ARCHIVE_CAPACITY))
     """Most behaviours the archive keeps; once full, reservoir sampling keeps a uniform sample
     of every behaviour ever offered to it."""
-    meta_population: int = 5
+    meta_population: int = bounded(5, integer(1, MAX_META_POPULATION))
     """NS-ES and NSR-ES: parameter vectors searched in turn, each with its own Adam state
     (Conti et al.: 5)."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.k <= MAX_ARCHIVE_CAPACITY:
-            raise ValueError(f"k must be in [1, {MAX_ARCHIVE_CAPACITY}], got {self.k}")
-        if not (math.isfinite(self.archive_probability) and 0 <= self.archive_probability <= 1):
-            raise ValueError(
-                f"archive_probability must be in [0, 1], got {self.archive_probability}"
-            )
-        if not 1 <= self.archive_capacity <= MAX_ARCHIVE_CAPACITY:
-            raise ValueError(f"archive_capacity must be in [1, {MAX_ARCHIVE_CAPACITY}], "
-                             f"got {self.archive_capacity}")  # fmt: skip
-        if not 1 <= self.meta_population <= MAX_META_POPULATION:
-            raise ValueError(f"meta_population must be in [1, {MAX_META_POPULATION}], "
-                             f"got {self.meta_population}")  # fmt: skip
+        check_bounds(self)
+
+
+NOVELTY_SETTINGS = SettingsSection(
+    name="novelty",
+    settings=NoveltyConfig,
+    noun="novelty search",
+    title="novelty search (--algo {algorithms})",
+    preset=plain_preset(NoveltyConfig),
+    # A bare --k would not say what it counts.
+    flag_names={"k": "--novelty-k"},
+)
+"""Novelty search's settings: --algo ga-ns, ns-es and nsr-es run on them."""
 
 
 def finite_rows(behaviours: np.ndarray) -> np.ndarray:

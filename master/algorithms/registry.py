@@ -1,9 +1,11 @@
 """Every algorithm the master can run, by the name configs and checkpoints use.
 
-An entry knows which config sections hold its settings and makes a fresh instance, or one
-restored from a checkpoint, for a run. Registering an entry here is all the rest of the master
-needs, and tests/master/algorithms/test_algorithm_contract.py then holds it to the interface of
-master.algorithms.base.
+An entry names the settings sections its hyperparameters live in (master.algorithms.settings:
+each section brings its dataclass, bounds, presets and command-line group) and makes a fresh
+instance, or one restored from a checkpoint, for a run. Registering an entry here is all the
+rest of the master needs: master.config and master.cli read the sections from SECTIONS, and
+tests/master/algorithms/test_algorithm_contract.py holds every entry to the interface of
+master.algorithms.base and round-trips its settings.
 
 Like the algorithms, the entries do no I/O: what a run's algorithm is made from beyond its
 settings (the noise table, the env's spaces) is read by master.run.algorithm_setup and handed in
@@ -19,35 +21,29 @@ from typing import Any, Protocol
 import numpy as np
 
 from master.algorithms.base import Algorithm, Parameters
-from master.algorithms.es import ESConfig, EvolutionStrategy
-from master.algorithms.ga import GAConfig, GeneticAlgorithm
+from master.algorithms.es import ES_SETTINGS, EvolutionStrategy
+from master.algorithms.ga import GA_SETTINGS, GeneticAlgorithm
 from master.algorithms.ga_ns import NoveltyGA
-from master.algorithms.novelty import NoveltyConfig
+from master.algorithms.novelty import NOVELTY_SETTINGS
 from master.algorithms.ns_es import NoveltyRewardSearchES, NoveltySearchES
+from master.algorithms.settings import RunFacts, SettingsSection
 from neuro.decode import decode_genome
 from neuro.genome import Genome
 from neuro.layout import init_scale, parameter_layout
 
 
-class RunSettings(Protocol):
-    """What an entry reads of a run's settings; master.config.RunConfig is one.
+class RunSettings(RunFacts, Protocol):
+    """What an entry reads of a run's settings; master.config.RunConfig is one. Its sections
+    are read through their records: ES_SETTINGS.of(settings).
 
     Declared here rather than imported: master.config takes ALGORITHMS from this module, so
     this room names nothing above it, not even for annotations.
     """
 
     @property
-    def atari(self) -> bool: ...
-    @property
     def architecture(self) -> str: ...
     @property
     def hidden_sizes(self) -> tuple[int, ...]: ...
-    @property
-    def ga(self) -> GAConfig: ...
-    @property
-    def es(self) -> ESConfig | None: ...
-    @property
-    def novelty(self) -> NoveltyConfig | None: ...
     def genome_document(self, genome: Genome) -> dict[str, Any]: ...
     def parameters_document(self, parameters: Parameters) -> dict[str, Any]: ...
 
@@ -71,9 +67,11 @@ class Entry:
     """How the master makes one algorithm for a run."""
 
     name: str
-    sections: tuple[str, ...]
-    """The RunConfig fields holding its hyperparameters ("ga", "es", "novelty"); a run of it
-    sets those of "es" and "novelty" it names and leaves the others None."""
+    summary: str
+    """What it is, in a few words, for --algo's help."""
+    sections: tuple[SettingsSection[Any], ...]
+    """The settings sections holding its hyperparameters; a run of it records these, and
+    those every run records (the GA's), and no others."""
     create: Callable[[RunSettings, np.ndarray | None, EnvSpaces | None], Algorithm]
     """A new instance at generation 0, from (settings, noise table, env spaces)."""
     restore: Callable[[RunSettings, np.ndarray | None, Mapping[str, Any], np.ndarray | None],
@@ -94,30 +92,30 @@ def _initial_thetas(
     settings: RunSettings, table: np.ndarray, spaces: EnvSpaces, count: int
 ) -> list[np.ndarray]:
     """`count` thetas, each one seed's noise times the init scale; seeds drawn from the run's."""
-    assert settings.es is not None, "only ES-family entries start from parameter vectors"
+    es = ES_SETTINGS.of(settings)
     layout = parameter_layout(
         settings.architecture, spaces.observation_shape, spaces.outputs, settings.hidden_sizes
     )
-    rng = np.random.default_rng(settings.es.seed)
+    rng = np.random.default_rng(es.seed)
     # One draw per vector, in turn: the first is the seed a plain ES run starts from.
     seeds = [int(rng.integers(2**32)) for _ in range(count)]
     scale = init_scale(layout)
-    return [decode_genome(table, scale, settings.es.sigma, [seed]) for seed in seeds]
+    return [decode_genome(table, scale, es.sigma, [seed]) for seed in seeds]
 
 
 def _create_es(
     settings: RunSettings, table: np.ndarray | None, spaces: EnvSpaces | None
 ) -> EvolutionStrategy:
     """theta initialised like a GA genome's first seed: one seed's noise times the init scale."""
-    assert settings.es is not None, "the ES entry is only used for ES runs"
+    es = ES_SETTINGS.of(settings)
     assert table is not None and spaces is not None, "the ES entry needs the table and spaces"
     (theta,) = _initial_thetas(settings, table, spaces, 1)
     observation_size = 0
-    if settings.es.observation_norm:
+    if es.observation_norm:
         if settings.atari:
             raise ValueError("observation_norm is for vector observations, not Atari frames")
         observation_size = spaces.observation_size
-    return EvolutionStrategy(settings.es, table, theta, observation_size=observation_size)
+    return EvolutionStrategy(es, table, theta, observation_size=observation_size)
 
 
 def _restore_es(
@@ -126,16 +124,14 @@ def _restore_es(
     document: Mapping[str, Any],
     arrays: np.ndarray | None,
 ) -> EvolutionStrategy:
-    assert settings.es is not None, "the ES entry is only used for ES runs"
     assert table is not None, "the ES entry needs the noise table"
     if arrays is None:
         raise ValueError("an ES checkpoint needs its arrays (theta, m, v); this one names none")
-    return EvolutionStrategy.from_state_dict(settings.es, table, document, arrays)
+    return EvolutionStrategy.from_state_dict(ES_SETTINGS.of(settings), table, document, arrays)
 
 
 def _create_ga_ns(settings: RunSettings, *_: object) -> NoveltyGA:
-    assert settings.novelty is not None, "the GA-NS entry is only used for GA-NS runs"
-    return NoveltyGA(settings.ga, settings.novelty)
+    return NoveltyGA(GA_SETTINGS.of(settings), NOVELTY_SETTINGS.of(settings))
 
 
 def _restore_ga_ns(
@@ -144,10 +140,10 @@ def _restore_ga_ns(
     document: Mapping[str, Any],
     arrays: np.ndarray | None,
 ) -> NoveltyGA:
-    assert settings.novelty is not None, "the GA-NS entry is only used for GA-NS runs"
     if arrays is None:
         raise ValueError("a GA-NS checkpoint needs its arrays (the archive); this one names none")
-    return NoveltyGA.from_state_dict(settings.ga, settings.novelty, document, arrays)
+    ga, novelty = GA_SETTINGS.of(settings), NOVELTY_SETTINGS.of(settings)
+    return NoveltyGA.from_state_dict(ga, novelty, document, arrays)
 
 
 def _ns_es_entry(cls: type[NoveltySearchES]) -> Entry:
@@ -156,10 +152,10 @@ def _ns_es_entry(cls: type[NoveltySearchES]) -> Entry:
     def create(
         settings: RunSettings, table: np.ndarray | None, spaces: EnvSpaces | None
     ) -> NoveltySearchES:
-        assert settings.es is not None and settings.novelty is not None, f"not a {cls.name} run"
         assert table is not None and spaces is not None, f"{cls.name} needs the table and spaces"
-        thetas = _initial_thetas(settings, table, spaces, settings.novelty.meta_population)
-        return cls(settings.es, settings.novelty, table, thetas)
+        novelty = NOVELTY_SETTINGS.of(settings)
+        thetas = _initial_thetas(settings, table, spaces, novelty.meta_population)
+        return cls(ES_SETTINGS.of(settings), novelty, table, thetas)
 
     def restore(
         settings: RunSettings,
@@ -167,15 +163,16 @@ def _ns_es_entry(cls: type[NoveltySearchES]) -> Entry:
         document: Mapping[str, Any],
         arrays: np.ndarray | None,
     ) -> NoveltySearchES:
-        assert settings.es is not None and settings.novelty is not None, f"not a {cls.name} run"
         assert table is not None, f"{cls.name} needs the noise table"
         if arrays is None:
             raise ValueError(f"a {cls.name} checkpoint needs its arrays; this one names none")
-        return cls.from_state_dict(settings.es, settings.novelty, table, document, arrays)
+        es, novelty = ES_SETTINGS.of(settings), NOVELTY_SETTINGS.of(settings)
+        return cls.from_state_dict(es, novelty, table, document, arrays)
 
     return Entry(
         name=cls.name,
-        sections=("es", "novelty"),
+        summary="ES over a meta-population seeking novelty (and reward)",
+        sections=(ES_SETTINGS, NOVELTY_SETTINGS),
         create=create,
         restore=restore,
         elite_document=lambda settings, parameters: settings.parameters_document(parameters),
@@ -186,23 +183,28 @@ def _ns_es_entry(cls: type[NoveltySearchES]) -> Entry:
 
 
 def _sigma(settings: RunSettings) -> float:
-    assert settings.es is not None, "only ES-family runs perturb with sigma"
-    return settings.es.sigma
+    return ES_SETTINGS.of(settings).sigma
+
+
+def _ga_mutation_power(settings: RunSettings) -> float:
+    return GA_SETTINGS.of(settings).mutation_power
 
 
 GA = Entry(
     name="ga",
-    sections=("ga",),
-    create=lambda settings, *_: GeneticAlgorithm(settings.ga),
+    summary="the Deep GA",
+    sections=(GA_SETTINGS,),
+    create=lambda settings, *_: GeneticAlgorithm(GA_SETTINGS.of(settings)),
     restore=lambda settings, _table, document, _arrays: GeneticAlgorithm.from_state_dict(
-        settings.ga, document
+        GA_SETTINGS.of(settings), document
     ),
     elite_document=lambda settings, genome: settings.genome_document(genome),
-    mutation_power=lambda settings: settings.ga.mutation_power,
+    mutation_power=_ga_mutation_power,
 )
 ES = Entry(
     name="es",
-    sections=("es",),
+    summary="Evolution Strategies on the same fleet",
+    sections=(ES_SETTINGS,),
     create=_create_es,
     restore=_restore_es,
     elite_document=lambda settings, parameters: settings.parameters_document(parameters),
@@ -213,17 +215,24 @@ ES = Entry(
 
 GA_NS = Entry(
     name="ga-ns",
-    sections=("ga", "novelty"),
+    summary="the GA with parents chosen by novelty",
+    sections=(GA_SETTINGS, NOVELTY_SETTINGS),
     create=_create_ga_ns,
     restore=_restore_ga_ns,
     elite_document=lambda settings, genome: settings.genome_document(genome),
-    mutation_power=lambda settings: settings.ga.mutation_power,
+    mutation_power=_ga_mutation_power,
 )
 NS_ES = _ns_es_entry(NoveltySearchES)
 NSR_ES = _ns_es_entry(NoveltyRewardSearchES)
 
 REGISTRY: dict[str, Entry] = {entry.name: entry for entry in (GA, ES, GA_NS, NS_ES, NSR_ES)}
 ALGORITHMS: tuple[str, ...] = tuple(REGISTRY)
+DEFAULT_ALGORITHM = GA.name
+"""What a run without --algo runs."""
+SECTIONS: tuple[SettingsSection[Any], ...] = tuple(
+    {section.name: section for entry in REGISTRY.values() for section in entry.sections}.values()
+)
+"""Every settings section, in the order the entries first name them (the command line's)."""
 
 
 def get(name: str) -> Entry:
@@ -232,3 +241,15 @@ def get(name: str) -> Entry:
         return REGISTRY[name]
     except KeyError:
         raise ValueError(f"algorithm {name!r} is not one of {ALGORITHMS}") from None
+
+
+def run_sections(name: str) -> tuple[SettingsSection[Any], ...]:
+    """The sections a run of algorithm `name` records: its own and every run's, in SECTIONS
+    order."""
+    own = {section.name for section in get(name).sections}
+    return tuple(s for s in SECTIONS if s.every_run or s.name in own)
+
+
+def algorithms_using(section: SettingsSection[Any]) -> tuple[str, ...]:
+    """The algorithms whose entries name `section`, as --algo values."""
+    return tuple(name for name, entry in REGISTRY.items() if section in entry.sections)

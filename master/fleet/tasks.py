@@ -141,33 +141,8 @@ def task_template(
     )
 
 
-def episode_step_limit(config: RunConfig) -> int:
-    """Most agent steps an episode of the run lasts: the run's --max-episode-steps or the env's
-    time limit, the smaller where both are set; 0 where neither is."""
-    limits = [config.max_episode_steps] if config.max_episode_steps > 0 else []
-    registered = env_step_limit(config.env_id)
-    if registered:
-        limits.append(registered)
-    return min(limits, default=0)
-
-
-def env_step_limit(env_id: str) -> int:
-    """The time limit gymnasium registers for a (non-Atari) env id, which workers' envs keep
-    (neuro.envs.make builds them with gym.make); 0 if it has none or the id is not known."""
-    import gymnasium as gym
-
-    from neuro.envs import register_envs
-
-    register_envs(env_id)  # neuro's toy tasks, the maze
-    try:
-        spec = gym.spec(env_id)
-    except gym.error.Error:
-        return 0
-    return int(spec.max_episode_steps or 0)
-
-
 def _observations_per_episode(config: RunConfig) -> int:
     # At most one observation per step and one for the reset, as the frames + episodes bound
     # at the edge counts them.
-    steps = episode_step_limit(config)
+    steps = config.episode_step_limit
     return steps + 1 if steps else 0
