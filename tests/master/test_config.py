@@ -65,6 +65,88 @@ def test_each_algorithm_gets_its_sections_and_survives_config_json(algorithm, se
     assert registry.get(algorithm).mutation_power(config) > 0
 
 
+# config.json as masters have written it since novelty search (json.dumps, indent 2): its keys,
+# their order and its values stay, so a new master writes what an old one reads and back.
+NSR_ES_CONFIG_JSON = """\
+{
+  "env_id": "CartPole-v1",
+  "atari": false,
+  "ga": {
+    "population_size": 100,
+    "truncation": 10,
+    "mutation_power": 0.05,
+    "elite_candidates": 3,
+    "elite_episodes": 30,
+    "seed": 0
+  },
+  "architecture": "mlp",
+  "hidden_sizes": [
+    64,
+    64
+  ],
+  "atari_dynamics": "paper",
+  "inference_dtype": "float32",
+  "noise_table_seed": 123,
+  "noise_table_size": 16777216,
+  "max_episode_steps": 0,
+  "generations": null,
+  "frames": null,
+  "target_score": 475.0,
+  "lease_seconds": 60.0,
+  "max_task_attempts": 5,
+  "episodes_per_task": 1,
+  "run_id": "fixed",
+  "es": {
+    "pairs": 25,
+    "sigma": 0.1,
+    "learning_rate": 0.03,
+    "weight_decay": 0.005,
+    "eval_episodes": 30,
+    "beta1": 0.9,
+    "beta2": 0.999,
+    "seed": 0,
+    "observation_norm": false
+  },
+  "novelty": {
+    "k": 10,
+    "archive_probability": 0.01,
+    "archive_capacity": 10000,
+    "meta_population": 5
+  },
+  "algorithm": "nsr-es"
+}
+"""
+
+
+def test_config_json_reads_back_and_is_written_byte_for_byte_as_before():
+    config = RunConfig.from_dict(json.loads(NSR_ES_CONFIG_JSON))
+    kind = inspect_env_id("CartPole-v1")
+    assert config == preset(kind, algorithm="nsr-es", run_id="fixed")
+    assert json.dumps(config.to_dict(), indent=2) + "\n" == NSR_ES_CONFIG_JSON
+    # Derived, never recorded: an old config.json has no such key, and a new one neither.
+    assert "episode_step_limit" not in config.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("env_id", "max_episode_steps", "limit"),
+    [
+        ("CartPole-v1", 0, 500),  # the registered TimeLimit
+        ("CartPole-v1", 100, 100),  # the run's own cap, below it
+        ("CartPole-v1", 1000, 500),  # the env still ends at its own
+        ("Pendulum-v1", 0, 200),
+        ("neuro/Memorize-K10-v0", 0, 10),
+        ("Frostbite-v4", 5000, 5000),  # no TimeLimit: the Atari preset's cap
+        ("Frostbite-v4", 0, 0),  # neither: no limit known
+    ],
+)
+def test_the_episode_step_limit_is_derived_where_the_config_is_made(
+    env_id, max_episode_steps, limit
+):
+    config = preset(inspect_env_id(env_id), max_episode_steps=max_episode_steps)
+    assert config.episode_step_limit == limit
+    assert RunConfig.from_dict(config.to_dict()).episode_step_limit == limit
+
+
 @pytest.mark.parametrize("algorithm", ["ga", "es"])
 def test_a_config_json_written_before_the_algorithm_was_recorded_still_reads(algorithm):
     data = preset(inspect_env_id("CartPole-v1"), algorithm=algorithm).to_dict()

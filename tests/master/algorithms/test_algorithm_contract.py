@@ -22,9 +22,14 @@ import pytest
 
 from master.algorithms import registry
 from master.algorithms.base import Algorithm, EvaluationRequest, GenerationSummary
+from master.algorithms.settings import Bound, SettingsSection, bounds
+from master.cli import _resolve_config, _settings, build_parser
 from master.config import RunConfig, inspect_env_id, preset
 from master.observe.events import GenerationRecord
 from master.run.algorithm_setup import create_algorithm, restore_algorithm
+from master.run.checkpoint import load_checkpoint, save_checkpoint
+from master.run.rundir import RunDirectory
+from master.run.start import resume_config
 from neuro.genome import Genome
 
 TINY: dict[str, dict[str, Any]] = {
@@ -377,6 +382,145 @@ def test_tell_refuses_behaviours_unless_they_answer_what_was_asked(
         if algorithm.tell(returns, good) is not None:
             return
     raise AssertionError(f"no generation summary after {MAX_PHASES} phases")
+
+
+# --- settings: the command line -> RunConfig -> config.json and a checkpoint -> RunConfig -----
+
+
+def section_fields(entry: registry.Entry) -> dict[str, SettingsSection[Any]]:
+    """Each field a run of `entry` records, with the first section holding it (--seed: the GA's)."""
+    fields: dict[str, SettingsSection[Any]] = {}
+    for section in registry.run_sections(entry.name):
+        for name in section.field_names:
+            fields.setdefault(name, section)
+    return fields
+
+
+def within(bound: Bound, value: Any, values: Mapping[str, Any]) -> Any:
+    """A value other than `value` that `bound` admits (`values`: the other fields' new ones)."""
+    high = values[bound.high] if isinstance(bound.high, str) else bound.high
+    if bound.integer:
+        up = value + 1
+        fits = high is None or up < high or (up == high and not bound.high_open)
+        return up if fits else value - 1
+    if high is not None:
+        return (value + high) / 2
+    return value * 1.5 if value else 1.0
+
+
+def outside(bound: Bound) -> Any:
+    """A value `bound` refuses."""
+    if bound.integer:
+        return bound.low - 1
+    return float(bound.low) if bound.low_open else bound.low - 1.0
+
+
+def changed_settings(entry: registry.Entry) -> dict[str, Any]:
+    """A value for every field of the entry's sections other than the CartPole preset's.
+
+    A switch that does not fit this algorithm (observation_norm beyond plain ES) must be
+    refused naming it, and keeps its preset value.
+    """
+    kind = inspect_env_id("CartPole-v1")
+    base = preset(kind, algorithm=entry.name)
+    changed: dict[str, Any] = {}
+    for name, section in section_fields(entry).items():
+        value = getattr(base.sections[section.name], name)
+        if isinstance(value, bool):
+            try:
+                preset(kind, algorithm=entry.name, **{name: not value})
+            except ValueError as error:
+                assert name in str(error), f"{name}: {error}"
+                continue
+            changed[name] = not value
+            continue
+        bound = bounds(section.settings).get(name)
+        assert bound is not None, f"{section.name} settings: declare {name}'s bound (bounded)"
+        changed[name] = within(bound, value, changed)
+    return changed
+
+
+def flag_argv(flag: str, value: Any) -> list[str]:
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + flag.removeprefix("--")]
+    return [f"{flag}={value!r}"]
+
+
+def assert_changed(config: RunConfig, base: RunConfig, changed: Mapping[str, Any]) -> None:
+    """Every section of `config` holds the changed values, each other than in `base`."""
+    assert config.sections.keys() == base.sections.keys()
+    for section, settings in config.sections.items():
+        for name, value in changed.items():
+            if hasattr(settings, name):
+                before = getattr(base.sections[section], name)
+                assert getattr(settings, name) == value != before, (section, name)
+
+
+def test_settings_round_trip_from_the_command_line_through_config_json_and_a_checkpoint(
+    entry, tmp_path
+) -> None:
+    changed = changed_settings(entry)
+    flags = {setting.name: setting.flag for setting in _settings()}
+    argv = ["--env", "CartPole-v1", "--algo", entry.name]
+    for name, value in changed.items():
+        if name in flags:
+            argv += flag_argv(flags[name], value)
+    parser = build_parser()
+    from_flags, resume = _resolve_config(parser, parser.parse_args(argv), tmp_path / "new")
+    assert resume is None
+    given = {name: value for name, value in changed.items() if name in flags}
+    kind = inspect_env_id("CartPole-v1")
+    base = preset(kind, algorithm=entry.name)
+    assert_changed(from_flags, base, given)
+    assert from_flags == preset(kind, algorithm=entry.name, run_id=from_flags.run_id, **given)
+    # The fields that are no flag (Adam's moments) change through the same preset.
+    config = preset(kind, algorithm=entry.name, **changed)
+    assert_changed(config, base, changed)
+    directory = RunDirectory(tmp_path / "run")
+    directory.write_config(config.to_dict())
+    assert RunConfig.from_dict(json.loads(directory.config_path.read_text())) == config
+    section = {"name": entry.name, "state": {"generation": 0}}
+    save_checkpoint(directory.path, {"config": config.to_dict(), "algorithm": section})
+    payload = load_checkpoint(directory.path)
+    assert payload is not None and resume_config(payload) == config
+
+
+def test_a_bad_value_of_each_setting_is_refused_naming_it(entry, tmp_path, capsys) -> None:
+    kind = inspect_env_id("CartPole-v1")
+    document = preset(kind, algorithm=entry.name).to_dict()
+    flags = {setting.name: setting.flag for setting in _settings()}
+    parser = build_parser()
+    for name, section in section_fields(entry).items():
+        bound = bounds(section.settings).get(name)
+        if bound is None:
+            continue  # a switch: changed_settings holds every other field to a bound
+        bad = outside(bound)
+        message = rf"^{name} must .*, got {re.escape(str(bad))}$"
+        with pytest.raises(ValueError, match=message):
+            preset(kind, algorithm=entry.name, **{name: bad})
+        # As a checkpoint or a hand-edited config.json would hold it.
+        saved = json.loads(json.dumps(document))
+        saved[section.name][name] = bad
+        with pytest.raises(ValueError, match=message):
+            RunConfig.from_dict(saved)
+        if name in flags:
+            argv = ["--env", "CartPole-v1", "--algo", entry.name, *flag_argv(flags[name], bad)]
+            with pytest.raises(SystemExit) as exit_info:
+                _resolve_config(parser, parser.parse_args(argv), tmp_path / "new")
+            assert exit_info.value.code == 2
+            assert f"{name} must" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
+def test_each_section_name_is_one_section_and_every_section_is_registered() -> None:
+    by_name: dict[str, SettingsSection[Any]] = {}
+    for entry in registry.REGISTRY.values():
+        for section in entry.sections:
+            assert by_name.setdefault(section.name, section) is section, section.name
+    assert tuple(by_name.values()) == registry.SECTIONS
+    # What every run records comes first: config.json has held the GA's section since before
+    # there were others, and its --seed is every section's.
+    assert [section.every_run for section in registry.SECTIONS][:1] == [True]
 
 
 # --- no I/O ----------------------------------------------------------------------------------
