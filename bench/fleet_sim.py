@@ -462,11 +462,13 @@ def record_episodes(
     from neuro.genome import SEED_BOUND
     from worker.evaluation.evaluator import Evaluator
     from worker.offline.replay import load_genome_file
+    from worker.runners.per_genome import PerGenomeRunner
 
     trained = load_genome_file(GENOME_FILE)
     base = dataclasses.replace(trained, inference_dtype=dtype, episodes=1,
                                max_episode_steps=max_episode_steps)  # fmt: skip
     evaluator = Evaluator(atari_backend="vector")
+    runner = PerGenomeRunner(evaluator, 1)  # as a worker's: its env and policy kept between tasks
     rng = np.random.default_rng(seed)
     played: dict[str, dict[str, list]] = {}
     started = time.perf_counter()
@@ -481,7 +483,7 @@ def record_episodes(
                                            env_seed=env_seed_for(seed, f"g0/o/{i}/0"))  # fmt: skip
             else:
                 spec = dataclasses.replace(base, env_seed=env_seed_for(seed, f"g0/e/0/{i}"))
-            evaluation = evaluator.evaluate(spec)
+            evaluation = runner.play(spec)
             if evaluation.error:
                 raise RuntimeError(f"{kind} episode {i} failed: {evaluation.error}")
             steps.append(evaluation.frames[0] // PAPER_FRAME_SKIP)

@@ -253,7 +253,7 @@ def replay(settings: Settings, threads: int) -> dict[str, Any]:
 
 
 def per_genome_scores(settings: Settings, spec: Any) -> list[float] | None:
-    """A spec's episodes as a CPU worker plays them (Evaluator.evaluate's calls), within the
+    """A spec's episodes as a CPU worker plays them (the per-genome runner's calls), within the
     time limit; None if they did not finish in it."""
     from worker.play.envs import VECTOR, EnvCache
     from worker.play.rollout import Rollout

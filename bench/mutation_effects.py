@@ -40,6 +40,7 @@ from worker.evaluation.evaluator import Evaluator  # noqa: E402
 from worker.evaluation.spec import EvaluationSpec  # noqa: E402
 from worker.inference.int8_static import quantised_rows  # noqa: E402
 from worker.play.envs import VECTOR  # noqa: E402
+from worker.runners.per_genome import PerGenomeRunner  # noqa: E402
 
 STUDY = REPO / "bench" / "results" / "learning-parity"
 FROSTBITE_ACTIONS = 18
@@ -87,12 +88,13 @@ def behaviour_effects(
     dtype: str, env_seed: int, max_steps: int,
 ) -> dict:  # fmt: skip
     """One episode each of the parent and its children from the same start, under `dtype`."""
+    runner = PerGenomeRunner(evaluator, 1)  # as a worker's: its env and policy kept between plays
 
     def play(seeds: tuple[int, ...]) -> tuple[float, int]:
         spec = EvaluationSpec("Frostbite-v4", seeds, SIGMA, table, "deepga", episodes=1,
                               max_episode_steps=max_steps, env_seed=env_seed,
                               inference_dtype=dtype)  # fmt: skip
-        evaluation = evaluator.evaluate(spec)
+        evaluation = runner.play(spec)
         if evaluation.error:
             raise RuntimeError(f"{seeds}: {evaluation.error}")
         return evaluation.returns[0], evaluation.frames[0]

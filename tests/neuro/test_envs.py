@@ -11,6 +11,7 @@ from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
 from worker.play.envs import EnvBuildError
 from worker.play.rollout import run_episode
+from worker.runners.per_genome import play_spec
 
 
 @pytest.mark.parametrize("env_id", ["Frostbite-v4", "FrostbiteNoFrameskip-v4", "ALE/Frostbite-v5"])
@@ -58,14 +59,14 @@ def test_an_unknown_env_id_is_a_clear_error_naming_it(tmp_path):
     spec = EvaluationSpec(env_id="Frostbyte-v4", seeds=(1,), mutation_power=0.01,
                           noise_table=NoiseTableSpec(size=2**16), architecture="mlp")  # fmt: skip
     with pytest.raises(EnvBuildError, match="Frostbyte-v4"):
-        Evaluator(str(tmp_path)).evaluate(spec)
+        play_spec(Evaluator(str(tmp_path)), spec)
 
 
 def test_evaluator_is_deterministic_for_a_genome_and_env_seed(tmp_path):
     spec = EvaluationSpec(env_id="CartPole-v1", seeds=(5, 6, 7), mutation_power=0.05,
                           noise_table=NoiseTableSpec(size=2**16), architecture="mlp",
                           hidden_sizes=(8,), episodes=3, env_seed=42)  # fmt: skip
-    first = Evaluator(str(tmp_path)).evaluate(spec)
-    second = Evaluator(str(tmp_path)).evaluate(spec)
+    first = play_spec(Evaluator(str(tmp_path)), spec)
+    second = play_spec(Evaluator(str(tmp_path)), spec)
     assert first == second
     assert len(first.returns) == 3 and first.frames == [int(r) for r in first.returns]

@@ -17,11 +17,11 @@ from worker.evaluation.decoders import MAX_DECODERS, Decoders
 from worker.evaluation.es_parameters import EsParameterStore
 from worker.evaluation.policies import PolicyBuilder
 from worker.evaluation.resolver import ParameterResolver
-from worker.evaluation.spec import EvaluationSpec, NetworkKey
+from worker.evaluation.spec import EvaluationSpec
 from worker.inference.base import NetSpec
 from worker.inference.policy import Policy
-from worker.play.envs import GYM, EnvCache, check_atari_backend
-from worker.play.rollout import EpisodeResult, play
+from worker.play.envs import GYM, check_atari_backend
+from worker.play.rollout import EpisodeResult
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,6 @@ class Evaluator:
         self.decoders = Decoders(noise_cache_dir, decode_cache_bytes, shared_store, max_decoders)
         self.es_parameters = EsParameterStore()
         self.resolver = ParameterResolver(self.decoders, self.es_parameters, noise_cache_dir)
-        self._envs = EnvCache(atari_backend)
-        self._policies: dict[NetworkKey, Policy] = {}
 
     @property
     def inference_engine(self) -> str:
@@ -127,24 +125,9 @@ class Evaluator:
         spec refused here (ValueError) leaves the policy as it was."""
         self.resolver.load(spec, policy)
 
-    def evaluate(self, spec: EvaluationSpec) -> Evaluation:
-        """Plays spec.episodes episodes; the first reset is seeded with spec.env_seed."""
-        handle = self._envs.take(spec.env_id, spec.atari_dynamics, spec.behaviour_size > 0)
-        try:
-            policy = self._policies.get(spec.network_key)
-            if policy is None:
-                policy = self._policies[spec.network_key] = self.build_policy(spec, handle)
-            self.load(spec, policy)
-            episodes = play(
-                policy, handle, spec.episodes, spec.max_episode_steps, spec.env_seed,
-                behaviour_size=spec.behaviour_size, observation_sums=bool(spec.observation_size),
-            )  # fmt: skip
-        finally:
-            self._envs.give(spec.env_id, spec.atari_dynamics, handle)
-        return Evaluation.of(episodes)
-
 
 def mean_and_spread(values: Sequence[float]) -> str:
+    """Scores as one line: mean, standard deviation, min and max (neuro-eval's summary)."""
     import statistics
 
     if not values:

@@ -14,6 +14,7 @@ from neuro.noise import PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE, NoiseTab
 from neuro.runfiles import BEST_GENOME, GENOME_FORMAT
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
+from worker.runners.per_genome import play_spec
 
 if TYPE_CHECKING:
     from worker.offline.video import Video
@@ -81,7 +82,7 @@ def evaluate_policy(
     evaluator: Evaluator | None = None,
     video: str | os.PathLike | Video | None = None,
 ) -> list[float]:
-    """Plays `episodes` episodes and returns their scores.
+    """Plays `episodes` episodes as a worker plays a task (play_spec) and returns their scores.
 
     `evaluate_policy('Frostbite-v4', [seed, ...])` uses the paper's network and settings;
     `evaluate_policy('runs/x/best_genome.json', episodes=30)` replays a saved genome (a run
@@ -122,4 +123,4 @@ def evaluate_policy(
         if not isinstance(video, Video):
             video = Video(video)
         return play_recorded(spec, video, evaluator or Evaluator())
-    return (evaluator or Evaluator()).evaluate(spec).returns
+    return play_spec(evaluator or Evaluator(), spec).returns

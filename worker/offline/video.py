@@ -95,7 +95,7 @@ class FrameRecorder(gym.Wrapper):
 def play_recorded(spec: EvaluationSpec, video: Video, evaluator: Evaluator) -> list[float]:
     """Plays spec's episodes and records the first `video.episodes` of them to `video.path`.
 
-    The protocol is Evaluator.evaluate's (and the workers'): the first reset is seeded with
+    The protocol is play_spec's (and the workers'): the first reset is seeded with
     spec.env_seed and later episodes continue the env's RNG, so the returns are the same as
     without recording. The file appears only once complete.
     """

@@ -2,7 +2,8 @@
 
 The client's main loop feeds a runner with start() and drains it with step(); a runner holds
 each task's env and whatever it loaded for it (a policy, a slot) until the task ends or is
-dropped. Two runners: per_genome.py (the CPU default) and batched.py (--envs, a GPU).
+dropped. Replay and bench play one spec at a time with play(), the same path. Two runners:
+per_genome.py (the CPU default) and batched.py (--envs, a GPU).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from worker.play.rollout import Rollout, StepTimers
 
 __all__ = ["RunningTask", "StepTimers", "TaskRunner"]
 
+_PLAYED = "played"
+"""The task id of a spec play() plays."""
+
 
 @dataclass
 class RunningTask:
@@ -34,14 +38,15 @@ class TaskRunner:
     Rollout; the caller feeds them with start() and drains them with step()."""
 
     def __init__(self, evaluator: Evaluator, capacity: int, timers: StepTimers | None,
-                 envs: EnvCache) -> None:  # fmt: skip
+                 envs: EnvCache, contain_failures: bool = True) -> None:  # fmt: skip
+        """`contain_failures`: one task's env or policy failing ends that task alone, reported
+        as its error (a worker's tasks); False: the exception ends step() (replay's play_spec)."""
         if capacity < 1:
             raise ValueError(f"slot capacity must be >= 1, got {capacity}")
         self.evaluator = evaluator
         self.capacity = capacity
         self.timers = timers or StepTimers()
-        # One task's env or policy failing ends that task alone, reported as its error.
-        self._rollout = Rollout(self.timers, contain_failures=True)
+        self._rollout = Rollout(self.timers, contain_failures=contain_failures)
         self._tasks: dict[str, RunningTask] = {}
         self._envs = envs
 
@@ -68,6 +73,16 @@ class TaskRunner:
             finished.append((task_id, Evaluation([], [], error=error)))
         return finished
 
+    def play(self, spec: EvaluationSpec) -> Evaluation:
+        """Plays one spec's episodes to the end as this idle runner's only task (replay, bench:
+        play_spec), keeping its env and policy for the next, as a worker does between tasks."""
+        if self.busy:
+            raise RuntimeError(f"play() takes an idle runner: {self!r}")
+        self.start(_PLAYED, spec)
+        while True:
+            for _, evaluation in self.step():
+                return evaluation
+
     def drop(self, task_id: str) -> EvaluationSpec | None:
         """Abandons a task mid-episode; returns its spec (None if it is not here)."""
         if task_id not in self._tasks:
@@ -83,7 +98,7 @@ class TaskRunner:
     def _give_env(self, spec: EvaluationSpec, handle: EnvHandle) -> None:
         self._envs.give(spec.env_id, spec.atari_dynamics, handle)
 
-    def _play(self, task_id: str, task: RunningTask, actor: Any) -> None:
+    def _begin(self, task_id: str, task: RunningTask, actor: Any) -> None:
         """Holds the task and starts its episodes with `actor`; released again if that fails."""
         self._tasks[task_id] = task
         spec = task.spec

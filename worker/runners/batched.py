@@ -139,7 +139,7 @@ class BatchedRunner(TaskRunner):
             self._give_env(spec, handle)
             raise
         actor = _SlotActor(group, slot, norm)
-        self._play(task_id, RunningTask(spec, handle, actor), actor)
+        self._begin(task_id, RunningTask(spec, handle, actor), actor)
 
     def _group(self, spec: EvaluationSpec, handle: EnvHandle) -> _SlotGroup:
         """The slot group of this network, built on first use."""

@@ -78,7 +78,7 @@ def test_replay_uses_the_genome_documents_dtype(tmp_path: Path, noise_cache: Pat
     assert load_genome_file(path).inference_dtype == "bfloat16"
     evaluator = Evaluator()
     evaluate_policy(path, episodes=1, evaluator=evaluator)
-    assert [p.inference_dtype for p in evaluator._policies.values()] == ["bfloat16"]
+    assert list(evaluator.engines_used) == ["mlp/bfloat16"]
     del document["inference_dtype"]  # a genome file from before the field
     path.write_text(json.dumps(document))
     assert load_genome_file(path).inference_dtype == "float32"

@@ -214,4 +214,4 @@ def test_an_int8_static_frostbite_run_trains_and_replays_through_the_clis(
     evaluator = Evaluator()
     scores = evaluate_policy(run_dir, episodes=1, evaluator=evaluator)
     assert all(np.isfinite(scores))
-    assert [p.inference_dtype for p in evaluator._policies.values()] == [STATIC]
+    assert list(evaluator.engines_used) == [f"deepga/{STATIC}"]

@@ -26,6 +26,7 @@ from worker.inference.engines.onnx_runtime.session import session
 from worker.inference.policy import Policy, build_policy
 from worker.inference.quantise import INT8_LEVELS, quantise_rows
 from worker.play.rollout import run_episode
+from worker.runners.per_genome import play_spec
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 ACTIONS = gym.spaces.Discrete(18)
@@ -288,6 +289,6 @@ def test_a_worker_plays_an_atari_task_on_its_engine() -> None:
     returns = {}
     for engine in ("onnxruntime", "torch"):
         evaluator = Evaluator(inference_engine=engine)
-        returns[engine] = evaluator.evaluate(spec).returns
-        assert [p.inference_engine for p in evaluator._policies.values()] == [engine]
+        returns[engine] = play_spec(evaluator, spec).returns
+        assert evaluator.engines_used == {"deepga/int8": engine}
     assert returns["onnxruntime"] == returns["torch"]

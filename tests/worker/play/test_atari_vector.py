@@ -12,7 +12,7 @@ from worker.evaluation.spec import EvaluationSpec
 from worker.play.atari_vector import VectorGroup
 from worker.play.envs import EnvCache
 from worker.play.rollout import Rollout
-from worker.runners.per_genome import PerGenomeRunner
+from worker.runners.per_genome import PerGenomeRunner, play_spec
 
 STEPS = 600
 
@@ -144,7 +144,7 @@ def test_slot_runner_on_the_vector_engine_is_reproducible(tmp_path):
     for evaluation in first.values():
         assert evaluation.frames == [400] * len(evaluation.frames)  # capped at 100 steps
     assert first["c"].returns == first["a"].returns[:1]
-    single = Evaluator(str(tmp_path), atari_backend="vector").evaluate(spec(1))
+    single = play_spec(Evaluator(str(tmp_path), atari_backend="vector"), spec(1))
     assert single == first["a"]
 
 

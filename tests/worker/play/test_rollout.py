@@ -9,12 +9,12 @@ import pytest
 
 from neuro.envs.make import make_env
 from neuro.noise import NoiseTableSpec
+from tests.support.runners import played_by_hand
 from worker.evaluation.evaluator import Evaluation, Evaluator
 from worker.evaluation.spec import EvaluationSpec
-from worker.inference.policy import build_policy
 from worker.offline.replay import evaluate_policy
-from worker.play.rollout import FunctionActor, Rollout, StepTimers, play, run_episode
-from worker.runners.per_genome import PerGenomeRunner
+from worker.play.rollout import FunctionActor, Rollout, StepTimers, play
+from worker.runners.per_genome import PerGenomeRunner, play_spec
 
 CARTPOLE = EvaluationSpec(env_id="CartPole-v1", seeds=(7, 8, 9), mutation_power=0.05,
                           noise_table=NoiseTableSpec(seed=123, size=2**16), architecture="mlp",
@@ -42,31 +42,18 @@ def fleet(spec: EvaluationSpec, cache: Path) -> Evaluation:
     return done["task"]
 
 
-def one_episode_at_a_time(spec: EvaluationSpec, cache: Path) -> Evaluation:
-    """The protocol by hand: a seeded first reset, then episodes that continue the RNG."""
-    handle = make_env(spec.env_id, spec.atari_dynamics)
-    env = handle.env
-    policy = build_policy(spec.architecture, env.observation_space, env.action_space,
-                          spec.hidden_sizes)  # fmt: skip
-    policy.load_parameters(Evaluator(str(cache)).parameters(spec, policy.spec))
-    episodes = [run_episode(policy.act, handle, spec.max_episode_steps,
-                            spec.env_seed if episode == 0 else None)
-                for episode in range(spec.episodes)]  # fmt: skip
-    return Evaluation.of(episodes)
-
-
 @pytest.mark.parametrize(
     "spec",
     [CARTPOLE, pytest.param(FROSTBITE, marks=pytest.mark.slow)],
     ids=["cartpole", "frostbite"],
 )
 def test_fleet_and_replay_paths_give_the_same_episodes(spec, noise_cache: Path) -> None:
-    replay = Evaluator(str(noise_cache)).evaluate(spec)
+    replay = play_spec(Evaluator(str(noise_cache)), spec)
     assert len(set(replay.returns)) > 1  # distinct episodes: the continued RNG is exercised
     if spec is CARTPOLE:  # as scored before the fleet and replay loops became one
         assert replay == Evaluation([10.0, 12.0, 12.0, 11.0, 12.0], [10, 12, 12, 11, 12])
     assert fleet(spec, noise_cache) == replay
-    assert one_episode_at_a_time(spec, noise_cache) == replay
+    assert played_by_hand(spec, Evaluator(str(noise_cache))) == replay
     settings = dict(architecture=spec.architecture, hidden_sizes=spec.hidden_sizes,
                     mutation_power=spec.mutation_power, noise_table=spec.noise_table,
                     max_episode_steps=spec.max_episode_steps)  # fmt: skip

@@ -1,4 +1,5 @@
-"""The batched slot runner scores every task exactly as the sequential reference path does."""
+"""The per-genome runner plays every task, alone or in lockstep with others, as the protocol
+played by hand does; play_spec (replay's and bench's path) is that runner with one slot."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import dataclasses
 
 import pytest
 
+import worker.play.envs as envs_module
 from neuro.noise import NoiseTableSpec
-from worker.evaluation.evaluator import Evaluator
+from tests.support.runners import played_by_hand, run_all
+from worker.evaluation.evaluator import Evaluation, Evaluator
 from worker.evaluation.spec import EvaluationSpec
 from worker.play.envs import EnvBuildError
-from worker.runners.per_genome import PerGenomeRunner
+from worker.runners.per_genome import PerGenomeRunner, play_spec
 
 TABLE = NoiseTableSpec(seed=123, size=2**16)
 
@@ -21,29 +24,19 @@ def cartpole_task(seeds, episodes, env_seed):
                           episodes=episodes, env_seed=env_seed)  # fmt: skip
 
 
-def run_all(runner: PerGenomeRunner, specs: dict[str, EvaluationSpec]) -> dict[str, list[float]]:
-    queue = list(specs.items())
-    results = {}
-    while queue or runner.busy:
-        while queue and runner.free:
-            task_id, spec = queue.pop(0)
-            runner.start(task_id, spec)
-        for task_id, evaluation in runner.step():
-            results[task_id] = (evaluation.returns, evaluation.frames)
-    return results
-
-
 @pytest.mark.parametrize("capacity", [1, 3, 8])
-def test_batched_slots_match_the_sequential_path(tmp_path, capacity):
+def test_slots_in_lockstep_play_each_task_as_the_protocol_by_hand(tmp_path, capacity):
     elite = (7, 8, 9)
     specs = {f"elite/{i}": cartpole_task(elite, 1, 100 + i) for i in range(6)}  # one genome
     specs |= {f"child/{i}": cartpole_task((7, 8, 20 + i), 2, 200 + i) for i in range(5)}
     evaluator = Evaluator(str(tmp_path))
     runner = PerGenomeRunner(evaluator, capacity)
     batched = run_all(runner, specs)
+    by_hand = Evaluator(str(tmp_path))
     for task_id, spec in specs.items():
-        reference = Evaluator(str(tmp_path)).evaluate(spec)
+        reference = played_by_hand(spec, by_hand)
         assert batched[task_id] == (reference.returns, reference.frames), task_id
+    assert len({returns[0] for returns, _ in batched.values()}) > 1  # distinct tasks
     timers = runner.timers
     assert timers.episodes == 6 + 5 * 2
     assert timers.steps == sum(sum(f) for _, f in batched.values())
@@ -51,6 +44,46 @@ def test_batched_slots_match_the_sequential_path(tmp_path, capacity):
         # Slots of the elite shared forward passes: fewer calls than agent steps.
         assert timers.forward_calls < timers.steps
     assert not runner.busy and runner.free == capacity
+
+
+def test_play_spec_is_a_task_played_alone_and_raises_what_its_env_raised(tmp_path, monkeypatch):
+    spec = cartpole_task((7, 8), 3, 5)
+    evaluator = Evaluator(str(tmp_path))
+    played = play_spec(evaluator, spec)
+    assert played == played_by_hand(spec, evaluator) and len(played.returns) == 3
+    assert play_spec(evaluator, spec) == played  # a second play: nothing of the first stays
+    runner = PerGenomeRunner(evaluator, 2)
+    other = cartpole_task((7, 9), 1, 6)
+    assert [runner.play(s) for s in (spec, other, spec)] == [played, play_spec(evaluator, other),
+                                                            played]  # fmt: skip
+    assert len(runner._spare_policies[spec.network_key]) == 1  # one policy served all three
+    runner.start("busy", other)
+    with pytest.raises(RuntimeError, match="idle runner"):
+        runner.play(spec)
+
+    real_build = envs_module.build_env
+
+    def breaks_on_the_fifth_step(env_id, dynamics):
+        handle = real_build(env_id, dynamics)
+        steps, real_step = 0, handle.env.step
+
+        def step(action):
+            nonlocal steps
+            steps += 1
+            if steps == 5:
+                raise RuntimeError("simulation became unstable")
+            return real_step(action)
+
+        handle.env.step = step
+        return handle
+
+    monkeypatch.setattr(envs_module, "build_env", breaks_on_the_fifth_step)
+    # Not an Evaluation naming the error, as a worker reports it: replay fails loudly.
+    with pytest.raises(RuntimeError, match="simulation became unstable"):
+        play_spec(evaluator, spec)
+    with pytest.raises(EnvBuildError, match="NoSuchEnv-v0"):
+        play_spec(evaluator, dataclasses.replace(spec, env_id="NoSuchEnv-v0"))
+    assert isinstance(played, Evaluation) and not played.error
 
 
 def test_a_dropped_task_frees_its_slot_and_a_bad_env_is_reported(tmp_path):
