@@ -1,4 +1,5 @@
-"""What master and workers agree on to talk: address, token, channel and message limits.
+"""What master and workers agree on to talk: address, token, channel, message limits and the
+enum maps both sides convert through.
 
 The token is checked on the master by master.fleet.auth.TokenInterceptor; every client (a
 worker, `neuro-master status`) sends it the same way, through open_channel.
@@ -15,6 +16,9 @@ from typing import Any, NamedTuple
 
 import grpc
 
+from neuro.envs.make import PAPER, REGISTERED
+from neuro.v1 import evolution_pb2 as pb
+
 DEFAULT_MASTER = "127.0.0.1:8080"
 SERVICE_NAME = "neuro.v1.Evolution"
 TOKEN_ENV = "NEURO_TOKEN"
@@ -27,6 +31,20 @@ this many (a batched worker of more env slots fills them over several leases).""
 MAX_WORKER_ID_LENGTH = 256
 WORKER_ID_CHARACTERS = frozenset(string.ascii_letters + string.digits + "._:@+=-")
 """What a worker id may hold: it shows up in logs, the status table and metric labels."""
+MAX_TASK_ID_LENGTH = 256
+"""The longest task id the master accepts back; a worker skips a task with a longer one, since
+every report naming it would be refused."""
+MAX_ERROR_CHARS = 512
+"""A task's error text travels up to this long: the worker cuts it there, the master keeps no
+more."""
+ATARI_DYNAMICS_TO_WIRE = {PAPER: pb.ATARI_DYNAMICS_PAPER, REGISTERED: pb.ATARI_DYNAMICS_REGISTERED}
+"""Each Atari dynamics (neuro.envs.make) as Task.env.atari_dynamics carries it."""
+ATARI_DYNAMICS_FROM_WIRE = {
+    # Unspecified: a non-Atari task, or a master from before the field (the paper's protocol).
+    pb.ATARI_DYNAMICS_UNSPECIFIED: PAPER,
+    **{value: name for name, value in ATARI_DYNAMICS_TO_WIRE.items()},
+}
+"""Task.env.atari_dynamics -> the dynamics it names; a value missing here is a newer master's."""
 
 
 def load_token(path: str | None, env_var: str = TOKEN_ENV) -> str | None:

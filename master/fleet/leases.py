@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from master.algorithms.base import Candidate
+from neuro.wire import MAX_ERROR_CHARS
 
 
 class Disposition(enum.Enum):
@@ -35,8 +36,6 @@ class Disposition(enum.Enum):
     """The task was never leased to the reporting worker (or it handed the task back)."""
 
 
-MAX_ERROR_CHARS = 512
-"""A worker's error text is kept (and logged) up to this many characters."""
 MAX_ERRORS_KEPT = 5
 """Errors kept per task: enough to tell why it failed, whatever max_attempts is."""
 FRESH_LEASE_FRACTION = 0.9

@@ -23,8 +23,8 @@ from neuro.observation_stats import ObservationStats
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
 from neuro.wire import MAX_MESSAGE_BYTES, MAX_TASKS_PER_LEASE, worker_id_problem
+from neuro.wire import MAX_TASK_ID_LENGTH as MAX_ID_LENGTH
 
-MAX_ID_LENGTH = 256
 MAX_TASK_IDS_PER_CALL = 4096
 """Task ids one Heartbeat or Release may name, and results one Report may carry: far more than
 a worker holds (slots + prefetch), few enough that no single call stalls the master."""

@@ -18,6 +18,7 @@ from master.config import RunConfig
 from master.fleet.leases import PhaseTask
 from neuro.envs.behaviour import behaviour_range
 from neuro.v1 import evolution_pb2 as pb
+from neuro.wire import ATARI_DYNAMICS_TO_WIRE
 
 
 class ParameterStore:
@@ -117,10 +118,7 @@ def task_template(
 ) -> TaskTemplate:
     """What every task of the run shares; `behaviour_size` > 0 asks for behaviours."""
     norm = parameters.observation_norm() if parameters is not None else None
-    dynamics = {
-        "paper": pb.ATARI_DYNAMICS_PAPER,
-        "registered": pb.ATARI_DYNAMICS_REGISTERED,
-    }[config.atari_dynamics]
+    dynamics = ATARI_DYNAMICS_TO_WIRE[config.atari_dynamics]
     return TaskTemplate(
         run_id=config.run_id,
         env=pb.EnvSpec(env_id=config.env_id, atari_dynamics=dynamics if config.atari else 0),
