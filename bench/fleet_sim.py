@@ -2,7 +2,7 @@
 with and without silent worker deaths, before and after backup tasks and presence detection.
 
 A discrete-event simulation in virtual time (no sleeping, no sockets) drives the master's real
-LeaseTable (master/fleet/leases.py) with simulated workers that behave as worker/client.py does:
+LeaseTable (master/fleet/leases.py) with simulated workers that behave as worker/client/ does:
 a worker holds one running task plus one prefetched (it asks for 2 when idle, 1 when busy),
 reports each finished task at once and asks again, retries an empty lease after
 FleetSettings.retry_after_ms, and heartbeats what it holds every quarter lease (dropping what
@@ -92,9 +92,9 @@ SLOW_SHARE = 0.05
 SLOW_FACTOR = 2.0
 RTT_RANGE_S = (0.001, 0.005)
 PREFETCH = 1
-"""worker/client.py's default: one task waits while one runs."""
+"""The worker's default (--prefetch): one task waits while one runs."""
 HEARTBEAT_IDLE_S = 1.0
-"""worker/client.py heartbeats every second while it holds nothing, so a worker's first
+"""worker/client/link.py heartbeats every second while it holds nothing, so a worker's first
 heartbeat on a new task comes within a second."""
 EXPIRY_CHECK_S = 0.01
 """How often lapsed leases are looked for on behalf of the parked workers (see `parked`)."""

@@ -1,5 +1,5 @@
 """The master under a whole fleet's traffic: N simulated workers that hold a presence call,
-lease, heartbeat and report as worker/client.py does, each "playing" episodes whose lengths are
+lease, heartbeat and report as worker/client/ does, each "playing" episodes whose lengths are
 drawn from real Frostbite play, against the real master (population 1000, elite 10 x 30)
 pinned to one core. Prints the calls a second by kind, the master's CPU per wall second and
 the busiest client process's (near 1.0: the simulated fleet, not the master, set the pace), the

@@ -22,7 +22,8 @@ from neuro.layout import parameter_layout
 from neuro.noise import NoiseTableSpec
 from neuro.v1 import evolution_pb2 as pb
 from tests.support.processes import REPO as ROOT
-from worker.client import fetch_parameters, spec_from_task
+from worker.client.link import fetch_parameters
+from worker.client.wire import spec_from_task
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
 from worker.inference.policy import build_policy

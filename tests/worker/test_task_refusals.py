@@ -17,7 +17,8 @@ from neuro.layout import parameter_count, parameter_layout
 from neuro.noise import NoiseTableSpec
 from neuro.v1 import evolution_pb2 as pb
 from worker.cli import worker_parser, worker_settings
-from worker.client import WorkerClient, spec_from_task
+from worker.client import WorkerClient
+from worker.client.wire import leased_task, spec_from_task
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
 from worker.runners.batched import BatchedRunner
@@ -73,19 +74,20 @@ def test_an_es_step_no_master_asks_for_is_refused_by_name(fields: dict, named: s
 
 
 def test_a_refused_step_is_reported_as_failed_and_not_played(tmp_path: Path) -> None:
-    """Through the client's own start path: the task becomes an error result naming the sign,
-    and the runner never holds it."""
+    """Refused when its lease arrives, the task keeps the reason; through the client's own
+    start path it becomes an error result naming the sign, and the runner never holds it."""
     evaluator = Evaluator(str(tmp_path))
     evaluator.set_parameters(1, np.zeros(PENDULUM_PARAMETERS, dtype=np.float32))
     client = WorkerClient("127.0.0.1:1", "w", evaluator)
     runner = PerGenomeRunner(evaluator, 2)
-    task = _es_task(sign=7)
-    client._shared.running[task.task_id] = task
+    task = leased_task(_es_task(sign=7))
+    assert task.spec is None and "got 7" in task.refusal
+    client.held.running[task.task_id] = task
     client._start(runner, task)
-    (result,) = client._shared.outbox
+    (result,) = client.held.outbox
     assert result.task_id == task.task_id and "got 7" in result.error
     assert not result.episode_returns and not runner.busy and client.counters.tasks_failed == 1
-    assert task.task_id not in client._shared.running
+    assert task.task_id not in client.held.running
 
 
 # -- the observation normaliser ------------------------------------------------------------------

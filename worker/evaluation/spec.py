@@ -1,6 +1,6 @@
 """What a task asks a worker to score, and the keys that say which genome and which network.
 
-A task off the wire (worker/client.py) or a genome file (worker/offline/replay.py) becomes an
+A task off the wire (worker/client/wire.py) or a genome file (worker/offline/replay.py) becomes an
 EvaluationSpec; every cache of the worker is keyed by one of its three keys, defined here
 once: a built policy fits every spec of its `network_key`, specs of one `genome_key` play the
 same parameters (an elite's episodes share one loaded policy), and one decoder (and parent

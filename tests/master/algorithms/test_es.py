@@ -183,7 +183,7 @@ def _chunks(theta: np.ndarray, version: int, size: int) -> list:
 
 
 def test_fetched_parameters_are_reassembled_and_checked() -> None:
-    from worker.client import fetch_parameters
+    from worker.client.link import fetch_parameters
 
     theta = np.arange(1000, dtype=np.float32) / 7
     chunks = _chunks(theta, 3, 512)

@@ -159,7 +159,7 @@ def test_health_check_needs_no_token(tmp_path):
 
 
 def test_tls_with_the_token_works_and_plaintext_fails(tmp_path, tls):
-    from worker.client import open_channel
+    from neuro.wire import open_channel
 
     certificate, key, _ = tls
 

@@ -23,7 +23,7 @@ from tests.support.bench import run_bench
 from tests.support.processes import REPO, worker_env
 from tests.support.tiny import LOCAL_CARTPOLE_ARGS, tiny_cartpole
 from worker import evaluate_policy, load_genome_file
-from worker.client import spec_from_task
+from worker.client.wire import spec_from_task
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
 from worker.inference.policy import build_policy

@@ -52,7 +52,7 @@ def test_env_build_failures_are_reported_and_the_env_is_not_handed_to_that_worke
     assert outcome["failed_before_help"] >= 1 and not outcome["alive"]
     # It failed what it first leased (at most slots + prefetch tasks), then got no more.
     assert broken.counters.tasks_failed <= 2 and broken.counters.tasks_done == 0
-    assert "CartPole-v1" in broken._unsupported_envs
+    assert "CartPole-v1" in broken.held.unsupported_envs
     # Its failures were retried elsewhere: every evaluation of the run has a real score.
     assert [r.generation for r in records] == [0, 1]
     assert all(r.failed_evaluations == 0 and r.generation_evaluations == 8 + 2 * 2 for r in records)
