@@ -169,7 +169,7 @@ class SettingsSection(Generic[S]):
 
     @property
     def field_names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(self.settings))  # type: ignore[arg-type]
+        return tuple(f.name for f in dataclasses.fields(self.settings))
 
     def of(self, run: RunFacts) -> S:
         """This section's settings in `run`; ValueError if the run has none."""
