@@ -13,49 +13,29 @@ Prints the median ms per step for batch 1, 8 and 32 on CUDA when present, else o
 The grouped pass in other dtypes, layouts and kernels (bfloat16, channels-last, unfold + bmm,
 CUDA graphs): bench/forward_variants.py.
 
-    python bench/batched_forward.py [--arch deepga] [--device cpu] [--threads 1] [--json out.json]
+    python -m bench.batched_forward [--arch deepga] [--device cpu] [--threads 1] \\
+        [--json bench/results/batched-forward-<device>-<machine>-<date>.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import vmap
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.func import vmap  # noqa: E402
-
-from neuro.inference import ARCHITECTURES  # noqa: E402
-from neuro.layout import ATARI_CONVS, atari_conv_pads  # noqa: E402
-from worker.inference.engines.torch_grouped.grouped import BatchedPolicies, strict_float32  # noqa: E402
-from worker.inference.policy import Policy, build_policy  # noqa: E402
+from bench.common import median_ms, provenance, write_json
+from neuro.inference import ARCHITECTURES
+from neuro.layout import ATARI_CONVS, atari_conv_pads
+from worker.inference.engines.torch_grouped.grouped import BatchedPolicies, strict_float32
+from worker.inference.policy import Policy, build_policy
 
 METHODS = ("grouped", "loop", "vmap")
-
-
-def median_ms(step: Callable[[], object], repeats: int, device: torch.device) -> float:
-    """Median wall ms of `repeats` steps, after two warm-up steps."""
-
-    def timed() -> float:
-        started = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return (time.perf_counter() - started) * 1e3
-
-    timed()
-    timed()
-    return statistics.median(timed() for _ in range(repeats))
 
 
 def single_forward(
@@ -152,13 +132,14 @@ def main(argv: list[str] | None = None) -> dict:
         results[batch] = {m: median_ms(step, args.repeats, device) for m, step in steps.items()}
         print(f"{batch:>6} " + " ".join(f"{results[batch][m]:>9.2f}" for m in METHODS))
     report = {
+        **provenance(__file__, argv),
         "arch": args.arch,
         "device": str(device),
         "threads": torch.get_num_threads(),
         "ms_per_step": {str(b): r for b, r in results.items()},
     }
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
     return report
 
 

@@ -6,7 +6,7 @@ came back only when their lease lapsed (60 s by default), and each generation wa
 `--before REV` runs the same chaos on a git revision (a temporary worktree, its own code for
 master and workers) and then on this tree, so the two are measured on the same host in one run.
 
-    python bench/chaos_tail.py --before HEAD~3 --json bench/results/chaos-tail.json
+    python -m bench.chaos_tail --before HEAD~3 --json bench/results/chaos-tail-<machine>-<date>.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.common import REPO, commit_of, head_revision, provenance, worktree, write_json
 
 
 def free_port() -> int:
@@ -118,24 +118,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if not 0 < args.kill_every < args.timeout:
         parser.error(f"--kill-every must be > 0 and below --timeout, got {args.kill_every}")
-    result: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k != "json"}}
+    result: dict[str, Any] = {
+        **provenance(__file__, argv),
+        "settings": {k: v for k, v in vars(args).items() if k != "json"},
+    }
     if args.before is not None:
-        revision = subprocess.run(["git", "rev-parse", "--verify", f"{args.before}^{{commit}}"],
-                                  cwd=REPO, capture_output=True, text=True)  # fmt: skip
-        if revision.returncode != 0:
+        commit = commit_of(args.before)
+        if commit is None:
             parser.error(f"--before {args.before!r} is not a commit of this repository")
-        commit = revision.stdout.strip()
-        with tempfile.TemporaryDirectory() as tmp:
-            tree = Path(tmp) / "before"
-            subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=REPO,
-                           check=True, capture_output=True)  # fmt: skip
-            try:
-                result["before"] = {"revision": commit, **run_chaos(tree, args, args.seed)}
-            finally:
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO,
-                               capture_output=True)  # fmt: skip
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    result["after"] = {"revision": head.stdout.strip(), **run_chaos(REPO, args, args.seed)}
+        with worktree(commit) as tree:
+            result["before"] = {"revision": commit, **run_chaos(tree, args, args.seed)}
+    result["after"] = {"revision": head_revision(), **run_chaos(REPO, args, args.seed)}
     for side in ("before", "after"):
         if side in result:
             figures = result[side]
@@ -149,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["speedup"] = speedup
         print(f"after is {speedup:.1f}x faster per generation")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return result
 
 

@@ -1,14 +1,16 @@
 """The forward pass's ms per agent step on each inference engine, this tree against a revision.
 
-What bench/inference_engines.py measures (its `play_timed`: one pinned process per core, each
-stepping Frostbite on the C++ vector env with a random deepga genome, forward and emulator ms
-per step), run from two trees in turns on the same cores: a git revision checked out in a
-temporary worktree ("before") and this working tree ("after"). The trees alternate round by
-round, so that a slow hour of a shared host falls on both alike. Each tree builds its policies
-with its own code, whatever its module layout; prints and writes per engine and dtype the mean
-over processes and rounds, and after / before.
+What bench/inference_engines.py measures (bench/common.py's `play_timed`: one pinned process
+per core, each stepping Frostbite on the C++ vector env with a random deepga genome, forward
+and emulator ms per step), run from two trees in turns on the same cores: a git revision
+checked out in a temporary worktree ("before") and this working tree ("after"). The trees
+alternate round by round, so that a slow hour of a shared host falls on both alike. Each tree
+builds its policies with its own code, whatever its module layout; both are timed by this
+tree's bench/common.py, loaded by its file path, so the harness is the same on both sides.
+Prints and writes per engine and dtype the mean over processes and rounds, and after / before.
 
-    python bench/compare_revisions.py --before HEAD~1 --json bench/results/compare.json
+    python -m bench.compare_revisions --before HEAD~1 \\
+        --json bench/results/compare-revisions-<change>-<machine>-<date>.json
 """
 
 from __future__ import annotations
@@ -18,15 +20,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from neuro.allocator import worker_environment  # noqa: E402
+from bench import common
+from bench.common import REPO, commit_of, head_revision, provenance, worktree, write_json
+from neuro.allocator import worker_environment
 
 COMBINATIONS = [
     (dtype, engine)
@@ -34,12 +33,15 @@ COMBINATIONS = [
     for engine in ("torch", "onnxruntime")
 ]
 
-# Run in a process of its own inside one tree: that tree's build_policy, wherever it lives.
+# Run in a process of its own inside one tree (its working directory, first on sys.path): that
+# tree's build_policy, wherever it lives, timed by the harness file named in argv[4].
 CHILD = """
-import json, os, sys
+import importlib.util, json, os, sys
 core, steps, combos = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
 os.sched_setaffinity(0, {core})
-sys.path.insert(0, os.getcwd())
+spec = importlib.util.spec_from_file_location("harness", sys.argv[4])
+harness = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(harness)
 import gymnasium as gym
 import numpy as np
 import torch
@@ -52,12 +54,10 @@ try:
 except ImportError:  # the layout before the worker's rooms
     from worker.policies import build_policy
     from worker.static_int8 import calibration_observations
-from bench.hostcost import _vector_env
-from bench.inference_engines import play_timed
 
 torch.set_num_threads(1)
 space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-env = _vector_env("Frostbite-v4", 1)
+env = harness.atari_vector_env("Frostbite-v4", 1)
 rng = np.random.default_rng(core)
 result = {}
 for dtype, engine in combos:
@@ -69,7 +69,7 @@ for dtype, engine in combos:
     assert policy.inference_engine == engine, (dtype, engine, policy.inference_engine)
     scale = policy.init_scale()
     policy.load_parameters((rng.standard_normal(policy.num_params) * scale).astype("f4"))
-    result[dtype + "/" + engine] = play_timed(policy, env, core, steps)
+    result[dtype + "/" + engine] = harness.play_timed(policy, env, core, steps)
 env.close()
 print(json.dumps(result))
 """
@@ -77,9 +77,11 @@ print(json.dumps(result))
 
 def run_tree(tree: Path, processes: int, steps: int) -> list[dict[str, dict[str, float]]]:
     """One round in one tree: a pinned process per core, all at once."""
+    command = [sys.executable, "-c", CHILD]
+    settings = [str(steps), json.dumps(COMBINATIONS), common.__file__]
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(core), str(steps), json.dumps(COMBINATIONS)],
+            [*command, str(core), *settings],
             cwd=tree,
             stdout=subprocess.PIPE,
             text=True,
@@ -116,31 +118,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in ("processes", "steps", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    revision = subprocess.run(["git", "rev-parse", "--verify", f"{args.before}^{{commit}}"],
-                              cwd=REPO, capture_output=True, text=True)  # fmt: skip
-    if revision.returncode != 0:
+    commit = commit_of(args.before)
+    if commit is None:
         parser.error(f"--before {args.before!r} is not a commit of this repository")
-    commit = revision.stdout.strip()
     os.environ.update(worker_environment(os.environ))  # the allocator local workers get
     runs: dict[str, list] = {"before": [], "after": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        before = Path(tmp) / "before"
-        subprocess.run(["git", "worktree", "add", "--detach", str(before), commit], cwd=REPO,
-                       check=True, capture_output=True)  # fmt: skip
-        try:
-            for round_ in range(args.rounds):
-                for name, tree in (("before", before), ("after", REPO)):
-                    runs[name] += run_tree(tree, args.processes, args.steps)
-                    print(f"round {round_ + 1}/{args.rounds}: {name} measured", flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=REPO,
-                           capture_output=True)  # fmt: skip
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    with worktree(commit) as before:
+        for round_ in range(args.rounds):
+            for name, tree in (("before", before), ("after", REPO)):
+                runs[name] += run_tree(tree, args.processes, args.steps)
+                print(f"round {round_ + 1}/{args.rounds}: {name} measured", flush=True)
     result: dict[str, Any] = {
+        **provenance(__file__, argv),
         "before": commit,
-        "after": head.stdout.strip() + (" with uncommitted changes" if dirty else ""),
+        "after": head_revision(),
         "processes": args.processes,
         "steps": args.steps,
         "rounds": args.rounds,
@@ -158,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"({ratio:.3f}x); emulator {was['emulator_ms']:.3f} -> "
               f"{after['emulator_ms']:.3f} ms")  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return result
 
 

@@ -4,23 +4,19 @@ Measures, in one run on one core: a mutation from the shared noise table versus 
 same Gaussian noise per seed (torch, NumPy); a generation-1 child and a generation-1000 child
 with their parent cached (the ratio must stay near 1); a cold decode of a 1000-entry genome.
 
-    python bench/decode.py --json bench/results/decode.json
+    python -m bench.decode --json bench/results/decode-<machine>-<date>.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.common import pin_to, process_memory, provenance, write_json
 
 
-def best_of(fn, repeats: int) -> float:
+def median_seconds(fn, repeats: int) -> float:
     """Median seconds of `repeats` calls (after one warm-up call)."""
     fn()
     times = []
@@ -52,13 +48,7 @@ def _worker_memory(args: tuple) -> dict:
     for _ in range(children):
         parent = parents[int(rng.integers(len(parents)))]
         policy.load_parameters(decoder.decode([*parent, int(rng.integers(2**32))]))
-    figures = {}
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("Rss", "Pss", "Private_Dirty"):
-                figures[key.lower() + "_mib"] = int(value.split()[0]) / 1024
-    return figures
+    return process_memory()
 
 
 def shared_parents_memory(policy: str, table_size: int, workers: int = 2, children: int = 60):
@@ -90,8 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--memory-children", type=int, default=60)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {0})
+    pin_to(0)
 
     import gymnasium as gym
     import numpy as np
@@ -137,9 +126,9 @@ def main(argv: list[str] | None = None) -> dict:
         theta.__iadd__(numpy_generator.standard_normal(n, dtype=np.float32) * np.float32(sigma))
 
     mutation = {
-        "noise_table_slice_add_ms": best_of(table_mutation, args.repeats) * 1e3,
-        "torch_randn_per_seed_ms": best_of(torch_noise_mutation, args.repeats) * 1e3,
-        "numpy_generator_per_seed_ms": best_of(numpy_noise_mutation, args.repeats) * 1e3,
+        "noise_table_slice_add_ms": median_seconds(table_mutation, args.repeats) * 1e3,
+        "torch_randn_per_seed_ms": median_seconds(torch_noise_mutation, args.repeats) * 1e3,
+        "numpy_generator_per_seed_ms": median_seconds(numpy_noise_mutation, args.repeats) * 1e3,
     }
 
     def child_cost(parent_length: int) -> tuple[float, float]:
@@ -157,12 +146,14 @@ def main(argv: list[str] | None = None) -> dict:
         first_use = time.perf_counter() - started
         for _ in range(decoder.cache_bytes // (4 * n) + 2):
             decoder.decode([*parent, next(children)])
-        return best_of(lambda: decoder.decode([*parent, next(children)]), args.repeats), first_use
+        child = median_seconds(lambda: decoder.decode([*parent, next(children)]), args.repeats)
+        return child, first_use
 
     gen1, gen1_first = child_cost(1)
     gen_n, _ = child_cost(args.generations - 1)
-    cold = best_of(lambda: decode_genome(table, scale, sigma, seeds[: args.generations]), 3)
+    cold = median_seconds(lambda: decode_genome(table, scale, sigma, seeds[: args.generations]), 3)
     result = {
+        **provenance(__file__, argv),
         "policy": args.policy,
         "params": n,
         "noise_table_size": args.noise_table_size,
@@ -193,8 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
                               for m in figures)  # fmt: skip
             print(f"  {len(figures)} workers, children of 20 shared parents, {mode}: {cells} MiB")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
     return result
 
 

@@ -18,39 +18,34 @@ play. TF32 stays off (a float32 variant is float32). A variant that needs CUDA i
 CPU, saying so; one that fails records its error and the others run; --budget-s bounds the
 whole run (what did not fit is recorded as skipped).
 
-    python bench/forward_variants.py --batches 8 32 128 256 --json forward-variants.json
+    python -m bench.forward_variants --batches 8 32 128 256 \\
+        --json bench/results/forward-variants-<machine>-<date>.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from bench.batched_forward import median_ms  # noqa: E402
-from neuro.layout import ATARI_CONVS, atari_conv_pads  # noqa: E402
-from worker.inference.engines.torch_grouped.grouped import (  # noqa: E402
+from bench.common import median_ms, provenance, write_json
+from neuro.layout import ATARI_CONVS, atari_conv_pads
+from worker.inference.engines.torch_grouped.grouped import (
     BatchedPolicies,
     atari_forward,
     strict_float32,
 )
-from worker.inference.engines.torch_grouped.unfold import grouped_conv2d_unfold  # noqa: E402
-from worker.inference.policy import build_policy  # noqa: E402
+from worker.inference.engines.torch_grouped.unfold import grouped_conv2d_unfold
+from worker.inference.policy import build_policy
 
 ARCH = "deepga"
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -252,14 +247,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Measures every variant at every batch size; prints a table, returns (and writes) JSON.
     A failure before the first variant (no such device) is written to the JSON too."""
     args = parse_args(argv)
+    made = provenance(__file__, argv)
     try:
-        return measure_all(args)
+        report = {**made, **measure_all(args)}
     except Exception as error:  # written down for a host run blind, then re-raised
         if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
             failed = {"device": args.device, "error": f"{type(error).__name__}: {error}"}
-            args.json.write_text(json.dumps(failed, indent=1) + "\n")
+            write_json(args.json, {**made, **failed})
         raise
+    if args.json:
+        write_json(args.json, report)
+    return report
 
 
 def measure_all(args: argparse.Namespace) -> dict[str, Any]:
@@ -315,9 +313,6 @@ def measure_all(args: argparse.Namespace) -> dict[str, Any]:
         "fastest": fastest(results),
         "wall_s": time.monotonic() - started,
     }
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")
     return report
 
 

@@ -15,28 +15,24 @@ A genome whose every step agreed must score the same on both paths (same seeds, 
 a deterministic emulator): the JSON says whether that held. --genome replays a saved genome
 (e.g. bench/results/frostbite-best-genome.json) on both paths too. TF32 is off on CUDA.
 
-    python bench/gpu_agreement.py --device cuda --genome bench/results/frostbite-best-genome.json \\
-        --json gpu-agreement.json
+    python -m bench.gpu_agreement --device cuda --genome bench/results/frostbite-best-genome.json \\
+        --json bench/results/gpu-agreement-<machine>-<date>.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from bench.common import provenance, write_json
 
 TARGET = 0.999
 """The issue's bar: greedy actions agree on at least this share of steps."""
@@ -379,19 +375,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Runs the comparison, writes its JSON (--json) and prints a summary; on a failure the
     JSON holds the error and the exit code is 1."""
     settings, out = parse_args(argv)
+    made = provenance(__file__, argv)
     try:
-        report = measure_agreement(settings)
+        report = {**made, **measure_agreement(settings)}
     except Exception as error:  # written down for a host run blind, then re-raised
         failed = {"settings": dataclasses.asdict(settings), "error": f"{type(error).__name__}: "
                   f"{error}"}  # fmt: skip
         if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(failed, indent=1) + "\n")
+            write_json(out, {**made, **failed})
         raise
-    text = json.dumps(report, indent=1, default=str)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
+        write_json(out, report)
     steps, scores = report["steps"], report["scores"]
     print(f"greedy actions: {steps['agreeing']:,} of {steps['compared']:,} steps agree "
           f"({steps['agreement'] or 0:.5f}, target {TARGET}) on {settings.device}, "

@@ -19,18 +19,16 @@ bounded in time; a stage that fails (a dead worker, a master error, a timeout) e
 with exit code 1 and the JSON naming the stage and the reason, with what was measured before.
 
     # a 16-core host with one H100: about 5 minutes
-    python bench/gpu_host.py --json gpu-host.json
+    python -m bench.gpu_host --json bench/results/gpu-host-xeon-avx512-16core-h100-DATE.json
     # tiny, on a CPU (the tests run this)
-    python bench/gpu_host.py --device cpu --envs 4 --population 6 --emulator-seconds 0.5 ...
+    python -m bench.gpu_host --device cpu --envs 4 --population 6 --emulator-seconds 0.5 ...
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -39,14 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench import throughput  # noqa: E402  (after the path insert, so the script runs as a file)
-from bench.hostcost import cpu_model, emulator, in_child  # noqa: E402
-from neuro.allocator import worker_environment  # noqa: E402
-from worker.fanout import ENVS_PER_CPU  # noqa: E402
+from bench import throughput
+from bench.common import in_child, json_text, machine, provenance, write_json
+from bench.hostcost import emulator
+from neuro.allocator import worker_environment
+from worker.fanout import ENVS_PER_CPU
 
 TARGET_RATIO = 0.85
 """The issue's bar: training frames/s at least this share of the same host's ceiling."""
@@ -142,8 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # get (neuro.allocator), as in bench/throughput.py.
     os.environ.update(worker_environment(os.environ))
     result: dict[str, Any] = {
-        "host": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "platform": platform.platform(),
-                 "python": platform.python_version(), "driver": driver_version()},
+        "host": {**machine(), "driver": driver_version()},
         "settings": vars(args), "error": None, "failed_stage": None,
     }  # fmt: skip
     ceilings: list[dict] = []
@@ -248,12 +242,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Measures, prints the JSON and the summary; 0, or 1 where a stage failed."""
     args = parse_args(argv)
-    result = run(args)
-    text = json.dumps(throughput.finite(result), indent=1, default=str)
+    result = {**provenance(__file__, argv), **run(args)}
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    print(text)
+        write_json(args.json, result)
+    print(json_text(result))
     print("\n".join(summary_lines(result)), flush=True)
     return 1 if result["error"] else 0
 

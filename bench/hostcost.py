@@ -1,4 +1,5 @@
-"""Host-level measurements for bench/throughput.py, each run in a process pinned to one core.
+"""Host-level measurements for bench/throughput.py and bench/gpu_host.py, each run in a process
+pinned to one core.
 
 The emulator ceiling (the C++ vector env, one process per core, all at once), the gymnasium
 path for reference, memory bandwidth and peak matmul FLOP/s, and the cost of one forward pass
@@ -10,94 +11,21 @@ from __future__ import annotations
 import inspect
 import math
 import multiprocessing as mp
-import os
-import re
-import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from bench.common import (
+    ale_game,
+    atari_vector_env,
+    best_seconds,
+    in_child,
+    pin_to,
+    step_vector_env,
+)
 
 LAYERS = ("conv1", "conv2", "conv3", "fc", "out")
-
-
-def pin_to(core: int) -> None:
-    """Pins this process to one core (modulo the machine's count)."""
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {core % os.cpu_count()})
-
-
-def l3_cache() -> dict[str, Any]:
-    """Last-level cache size in bytes, from /sys (or lscpu where /sys has no index3)."""
-    path = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
-    try:
-        text = path.read_text().strip()
-        source = str(path)
-    except OSError:
-        import subprocess
-
-        try:
-            done = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10)
-            line = next(x for x in done.stdout.splitlines() if x.startswith("L3 cache"))
-            text, source = line.split(":", 1)[1].split("(")[0].strip(), "lscpu"
-        except (OSError, StopIteration, subprocess.SubprocessError):
-            return {"bytes": None, "source": "unknown"}
-    match = re.match(r"([\d.]+)\s*([KMG]?)i?B?", text.replace(" ", ""))
-    if not match:
-        return {"bytes": None, "source": source, "text": text}
-    scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match.group(2)]
-    return {"bytes": int(float(match.group(1)) * scale), "source": source, "text": text}
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
-def ale_game(env_id: str) -> str:
-    """ALE's ROM name for a gymnasium id: Frostbite-v4 -> frostbite, Pong -> pong."""
-    name = env_id.split("/")[-1].split("-")[0].removesuffix("NoFrameskip")
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
-def _vector_env(env_id: str, num_envs: int) -> Any:
-    """The C++ vector env under the paper's protocol (the settings the issue fixes)."""
-    from ale_py.vector_env import AtariVectorEnv
-
-    return AtariVectorEnv(ale_game(env_id), num_envs, num_threads=1, frameskip=4, maxpool=True,
-                          grayscale=True, img_height=84, img_width=84, stack_num=4, noop_max=30,
-                          use_fire_reset=True, repeat_action_probability=0.0,
-                          reward_clipping=False, episodic_life=False)  # fmt: skip
-
-
-def step_vector_env(env: Any, seconds: float, rng: Any) -> tuple[int, int, int, float]:
-    """Steps a reset C++ vector env with random actions for `seconds`: (frames, env steps,
-    episodes, wall seconds)."""
-    import numpy as np
-
-    num_envs = env.num_envs
-    n_actions = int(env.single_action_space.n)
-    steps = frames = episodes = 0
-    resetting = np.zeros(num_envs, dtype=bool)
-    started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        _, _, terminated, truncated, _ = env.step(rng.integers(n_actions, size=num_envs))
-        # Autoreset (next step): the step after an episode's end only resets that env.
-        frames += 4 * int(num_envs - resetting.sum())
-        resetting = terminated | truncated
-        episodes += int(resetting.sum())
-        steps += num_envs
-    return frames, steps, episodes, time.perf_counter() - started
 
 
 def _emulator_child(engine: str, env_id: str, core: int, seconds: float, num_envs: int,
@@ -108,7 +36,7 @@ def _emulator_child(engine: str, env_id: str, core: int, seconds: float, num_env
 
     rng = np.random.default_rng(core)
     if engine == "vector":
-        env = _vector_env(env_id, num_envs)
+        env = atari_vector_env(env_id, num_envs)
         env.reset(seed=core)
         # Every process starts stepping at once: they share the L3 and the memory bus.
         barrier.wait()
@@ -199,16 +127,16 @@ def _bandwidth_and_peak(megabytes: int, matrix: int, dtypes: list[str]) -> dict:
     n = megabytes * 2**20 // 8
     src, dst = np.ones(n), np.empty(n)
     np.copyto(dst, src)  # touch every page first: faults are not bandwidth
-    bandwidth = 2 * n * 8 / _best_seconds(lambda: np.copyto(dst, src))
-    read_bandwidth = n * 8 / _best_seconds(src.view(np.uint64).sum)
+    bandwidth = 2 * n * 8 / best_seconds(lambda: np.copyto(dst, src))
+    read_bandwidth = n * 8 / best_seconds(src.view(np.uint64).sum)
     peak: dict[str, float | None] = {}
     for dtype in dtypes:
-        peak[dtype] = _matmul_peak(torch, matrix, dtype)
+        peak[dtype] = matmul_peak(torch, matrix, dtype)
     return {"copy_bytes": n * 8, "bytes_per_s": bandwidth, "read_bytes_per_s": read_bandwidth,
             "matrix": matrix, "peak_flop_per_s": peak}  # fmt: skip
 
 
-def _matmul_peak(torch: Any, size: int, dtype: str) -> float | None:
+def matmul_peak(torch: Any, size: int, dtype: str) -> float | None:
     """Best FLOP/s of a size x size matmul in this dtype on one thread; None if unsupported.
 
     int8 is timed on the kernel the worker's int8 dense layer runs, fbgemm's dynamically
@@ -231,33 +159,15 @@ def _matmul_peak(torch: Any, size: int, dtype: str) -> float | None:
             mm = torch.mm
         b = a.clone()
         mm(a, b)
-        best = _best_seconds(lambda: mm(a, b))
+        best = best_seconds(lambda: mm(a, b))
     except (RuntimeError, AttributeError, TypeError):
         return None
     return 2 * size**3 / best
 
 
-def _best_seconds(fn: Any, repeats: int = 5) -> float:
-    """The fastest of `repeats` timed calls of fn (the least disturbed by the rest of the host)."""
-    best = math.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def bandwidth_and_peak(megabytes: int, matrix: int, dtypes: list[str]) -> dict:
     """Runs the bandwidth and peak measurement in a fresh pinned process."""
     return in_child(_bandwidth_and_peak, megabytes, matrix, dtypes)
-
-
-def in_child(fn: Any, *args: Any, timeout: float | None = None) -> Any:
-    """Runs fn in a fresh spawned process, so this one (the master's) never imports torch;
-    multiprocessing.TimeoutError after `timeout` seconds (None: no limit)."""
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(1) as pool:
-        return pool.apply_async(fn, args).get(timeout)
 
 
 def dtype_support() -> dict[str, Any]:

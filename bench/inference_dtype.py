@@ -7,7 +7,7 @@ reads. Then agreement: random genomes play Frostbite with the float32 policy, an
 visited observation each dtype's greedy action is compared with float32's. Last, a trained
 genome's scores under each dtype, over the same env seeds.
 
-    python bench/inference_dtype.py --json bench/results/inference-dtype.json
+    python -m bench.inference_dtype --json bench/results/inference-dtype-<machine>-<date>.json
 """
 
 from __future__ import annotations
@@ -15,30 +15,26 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from neuro.decode import decode_genome  # noqa: E402
-from neuro.envs.make import PAPER, make_env  # noqa: E402
-from neuro.noise import NoiseTableSpec, load_noise_table  # noqa: E402
-from worker.inference.policy import Policy, build_policy  # noqa: E402
-from worker.play.calibration import calibration_for  # noqa: E402
-from worker.play.rollout import run_episode  # noqa: E402
+from bench.common import REPO, TRAINED_GENOME, json_text, provenance, write_json
+from neuro.decode import decode_genome
+from neuro.envs.make import PAPER, make_env
+from neuro.noise import NoiseTableSpec, load_noise_table
+from worker.inference.policy import Policy, build_policy
+from worker.play.calibration import calibration_for
+from worker.play.rollout import run_episode
 
 DTYPES = ("float32", "bfloat16", "int8", "int8-static")
-TRAINED_GENOME = REPO / "bench" / "results" / "frostbite-best-genome.json"
 
 
-def median_ms(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
+def quartiles_ms(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
     """Median and quartile range in ms of `repeats` calls, after two warm-up calls."""
     fn(), fn()
     times = []
@@ -91,6 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     genomes = list(random_genomes(args.genomes, base, table, rng))
     theta = genomes[0][1]
     result: dict[str, Any] = {
+        **provenance(__file__, argv),
         "env": args.env, "params": base.num_params, "torch": torch.__version__,
         "noise_table_size": args.noise_table_size, "torch_threads": 1, "dtypes": {},
     }  # fmt: skip
@@ -100,10 +97,12 @@ def main(argv: list[str] | None = None) -> dict:
         entry: dict[str, Any] = {"weight_bytes_per_step": policy.weight_bytes_per_forward()}
         for batch in (1, 16):
             obs = rng.integers(0, 256, (batch, *shape), dtype=np.uint8)
-            entry[f"forward_ms_batch_{batch}"] = median_ms(
+            entry[f"forward_ms_batch_{batch}"] = quartiles_ms(
                 lambda p=policy, o=obs: p.act_batch(o), args.forward_repeats
             )
-        entry["load_ms"] = median_ms(lambda p=policy: p.load_parameters(theta), args.load_repeats)
+        entry["load_ms"] = quartiles_ms(
+            lambda p=policy: p.load_parameters(theta), args.load_repeats
+        )
         result["dtypes"][dtype] = entry
 
     # Agreement at the observations the float32 policy visits.
@@ -132,9 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.trained_genome != "none":
         result["trained"] = trained_scores(args, handle, policies)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+        write_json(args.json, result)
+    print(json_text(result))
     return result
 
 

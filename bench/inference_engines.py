@@ -7,25 +7,18 @@ passes leaves the caches as cold as it does in training. Prints and writes per e
 dtype the mean forward and emulator ms per step over all processes and rounds. Then how often
 the two engines choose the same greedy action, over random genomes playing Frostbite.
 
-    python bench/inference_engines.py --json bench/results/inference-engines.json
+    python -m bench.inference_engines --json bench/results/inference-engines-<machine>-<date>.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from neuro.allocator import worker_environment  # noqa: E402
+from bench.common import atari_vector_env, play_timed, provenance, write_json
+from neuro.allocator import worker_environment
 
 ENGINES = ("torch", "onnxruntime")
 COMBINATIONS = [(dtype, engine) for dtype in ("float32", "int8") for engine in ENGINES]
@@ -37,12 +30,11 @@ def _child(core: int, steps: int, rounds: int, queue: Any) -> None:
     import numpy as np
     import torch
 
-    from bench.hostcost import _vector_env
     from worker.inference.policy import build_policy
 
     torch.set_num_threads(1)
     observations = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    env = _vector_env("Frostbite-v4", 1)  # the ceiling's emulator, under the paper protocol
+    env = atari_vector_env("Frostbite-v4", 1)  # the ceiling's emulator, under the paper protocol
     rng = np.random.default_rng(core)
     result: dict[str, list[dict[str, float]]] = {}
     for _ in range(rounds):
@@ -54,23 +46,6 @@ def _child(core: int, steps: int, rounds: int, queue: Any) -> None:
             result.setdefault(f"{dtype}/{engine}", []).append(play_timed(policy, env, core, steps))
     env.close()
     queue.put(result)
-
-
-def play_timed(policy: Any, env: Any, seed: int, steps: int) -> dict[str, float]:
-    """Plays `steps` greedy steps of `policy` on a one-env vector env from a reset seeded
-    `seed`, as a worker's step runs: the mean forward and emulator ms a step."""
-    import numpy as np
-
-    observation, _ = env.reset(seed=seed)
-    forward = emulator = 0.0
-    for _ in range(steps):
-        started = time.perf_counter()
-        action = int(policy.act_batch(observation)[0])
-        acted = time.perf_counter()
-        observation, *_ = env.step(np.array([action]))
-        forward += acted - started
-        emulator += time.perf_counter() - acted
-    return {"forward_ms": forward / steps * 1e3, "emulator_ms": emulator / steps * 1e3}
 
 
 def measure(processes: int, steps: int, rounds: int) -> dict[str, Any]:
@@ -157,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # The processes run with the allocator a master's local workers get (neuro.allocator):
     # tcmalloc where the host has it; LD_PRELOAD= (set, empty) measures without.
     os.environ.update(worker_environment(os.environ))
-    result = measure(args.processes, args.steps, args.rounds)
+    result = {**provenance(__file__, argv), **measure(args.processes, args.steps, args.rounds)}
     if args.agreement_genomes > 0:
         result["agreement"] = agreement(args.agreement_genomes, args.agreement_steps)
     import onnxruntime
@@ -177,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{figures['steps']} steps; logits within "
               f"{figures['largest_relative_logit_difference']:.1e} of their size")  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return result
 
 

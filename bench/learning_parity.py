@@ -2,9 +2,12 @@
 seed and dtype, each best genome replayed on fresh episodes, and the decision by a rule fixed
 before the runs.
 
-    python bench/learning_parity.py run --out bench/results/learning-parity
-    python bench/learning_parity.py report --out bench/results/learning-parity \\
-        --cost-ratio 1.59 --plot docs/img/learning-parity.png
+    python -m bench.learning_parity run \\
+        --out bench/results/learning-parity-runs-<machine>-<date>
+    python -m bench.learning_parity report \\
+        --out bench/results/learning-parity-runs-<machine>-<date> --cost-ratio 1.59 \\
+        --json bench/results/learning-parity-report-<machine>-<date>.json \\
+        --plot docs/img/learning-parity.png
 
 `run` trains every (game, seed, dtype) that has no result file in --out yet, one after another
 (`neuro-master --local-workers W`, the paper's network, protocol and sigma, the small
@@ -44,9 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from bench.common import REPO, json_text, write_json
 
 DECISION_RULE = (
     "Per game, at equal core-hours (frames x the dtype's measured core-hours per frame on the "
@@ -217,9 +218,9 @@ def run_report(args: argparse.Namespace) -> dict[str, Any]:
     # No decision on part of the plan: a game or seed still missing could change it.
     report["missing_runs"] = missing_runs(runs, GAMES, ("float32", "int8-static"))
     report["decision"] = (bool(passes) and all(passes)) if not report["missing_runs"] else None
-    print(json.dumps(report, indent=1))
+    print(json_text(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        write_json(args.json, report)
     if args.markdown:
         Path(args.markdown).write_text(markdown_table(runs, args.cost_ratio))
     if args.plot:

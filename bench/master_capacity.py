@@ -1,7 +1,8 @@
 """Master capacity: results per second the real master handles on one core, next to a bare
 gRPC server of the same call shape (the transport's ceiling), measured in the same run.
 
-    python bench/master_capacity.py [--seconds S] [--clients C] [--batch B ...] [--json out.json]
+    python -m bench.master_capacity [--seconds S] [--clients C] [--batch B ...] \\
+        [--json bench/results/master-capacity-<machine>-<date>.json]
 
 Servers run pinned to core 0, simulated workers on the other cores. A simulated worker is a real
 gRPC client on loopback that loops Lease(max_tasks=B) -> Report(B valid results) and plays no
@@ -15,7 +16,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import json
 import multiprocessing as mp
 import os
 import random
@@ -29,8 +29,13 @@ from typing import Any
 
 import grpc
 
-# An installed (or PYTHONPATH) copy of the project wins; this checkout is the fallback.
-sys.path.append(str(Path(__file__).resolve().parent.parent))
+from bench.common import (
+    cpu_seconds,
+    pin_to_cores,
+    provenance,
+    raise_file_limit,
+    write_json,
+)
 from neuro.v1 import evolution_pb2 as pb
 
 CURRENT = pb.PROTOCOL_VERSION_CURRENT
@@ -70,12 +75,6 @@ class Settings:
     connection: what a fleet of that size costs the master beside the measured traffic."""
 
 
-def _pin(cores: set[int]) -> None:
-    available = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
-    if cores & available:
-        os.sched_setaffinity(0, cores & available)
-
-
 def measure_window(clients, warmup: float, seconds: float, grace_s: float, label: str) -> list:
     """Waits for every client process to be ready, gives them one measured window and
     returns what each sends back; RuntimeError naming `label` if one hangs."""
@@ -97,13 +96,6 @@ def measure_window(clients, warmup: float, seconds: float, grace_s: float, label
     return tallies
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, all its threads included (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _serve_until_told(conn, port: int) -> None:
     """Tells the parent the port, then serves until the parent writes to the pipe."""
     stop = asyncio.Event()
@@ -116,8 +108,8 @@ async def _serve_until_told(conn, port: int) -> None:
 
 
 def master_process(conn, settings: Settings) -> None:
-    _pin({SERVER_CORE})
-    _raise_file_limit()
+    pin_to_cores({SERVER_CORE})
+    raise_file_limit()
     from master.config import inspect_env_id, preset
     from master.run.start import start_master
 
@@ -170,7 +162,7 @@ def canned_task(index: int, seeds: int) -> pb.Task:
 
 
 def echo_process(conn, settings: Settings, kind: str) -> None:
-    _pin({SERVER_CORE})
+    pin_to_cores({SERVER_CORE})
     tasks = [canned_task(i, settings.echo_seeds) for i in range(256)]
 
     sync = kind == "echo-sync"
@@ -240,7 +232,8 @@ def result_for(task: pb.Task) -> pb.TaskResult:
     )
 
 
-def _call(channel, method: str, request_type, response_type, kind: str = "unary_unary"):
+def rpc(channel, method: str, request_type, response_type, kind: str = "unary_unary"):
+    """A callable for one method of the service on `channel` (kind: gRPC's call shape)."""
     return getattr(channel, kind)(
         f"/{SERVICE}/{method}",
         request_serializer=request_type.SerializeToString,
@@ -252,8 +245,8 @@ async def _worker(port: int, name: str, batch: int, window, tally, settings: Set
     """One simulated worker: Lease -> Report until the window closes."""
     start, end = window
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CLIENT_OPTIONS) as channel:
-        lease_call = _call(channel, "Lease", pb.LeaseRequest, pb.LeaseResponse)
-        report_call = _call(channel, "Report", pb.ReportRequest, pb.ReportResponse)
+        lease_call = rpc(channel, "Lease", pb.LeaseRequest, pb.LeaseResponse)
+        report_call = rpc(channel, "Report", pb.ReportRequest, pb.ReportResponse)
         ask = pb.LeaseRequest(protocol_version=CURRENT, worker_id=name, max_tasks=batch)
         while (began := time.monotonic()) < end:
             reply = await lease_call(ask, timeout=CALL_S)
@@ -285,7 +278,7 @@ async def _stream_worker(port: int, name: str, batch: int, window, tally, settin
     """One simulated worker on a stream: each message out carries B results, each answer B tasks."""
     start, end = window
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CLIENT_OPTIONS) as channel:
-        work = _call(channel, "Work", pb.ReportRequest, pb.LeaseResponse, "stream_stream")
+        work = rpc(channel, "Work", pb.ReportRequest, pb.LeaseResponse, "stream_stream")
         call = work(timeout=end - time.monotonic() + CALL_S)
         first = [pb.TaskResult(task_id="none")] * batch  # the echo answers one task per result
         await call.write(pb.ReportRequest(protocol_version=CURRENT, worker_id=name, results=first))
@@ -308,7 +301,7 @@ def clients_process(
 ):
     """Simulated workers on the other cores; sends back counts, latencies and CPU use."""
     cores = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
-    _pin((cores - {SERVER_CORE}) or cores)
+    pin_to_cores((cores - {SERVER_CORE}) or cores)
     tally: dict[str, Any] = dict.fromkeys(
         ("accepted", "duplicates", "not_accepted", "empty_leases", "tasks", "task_bytes"), 0
     )
@@ -317,7 +310,7 @@ def clients_process(
 
     async def cpu_at(moment: float) -> tuple[float, float]:
         await asyncio.sleep(max(0.0, moment - time.monotonic()))
-        return _cpu_seconds(server_pid), time.process_time()
+        return cpu_seconds(server_pid), time.process_time()
 
     async def main() -> None:
         present = _Presence(port, f"idle-{names[0]}", attached)
@@ -332,7 +325,7 @@ def clients_process(
         tally["client_cpu_s"] = after[1] - before[1]
         tally.update(await present.close())
 
-    _raise_file_limit()
+    raise_file_limit()
     asyncio.run(main())
     conn.send(tally)
 
@@ -362,7 +355,7 @@ class _Presence:
             await asyncio.wait_for(self._all_watched.wait(), START_S)
 
     async def _hold(self, index: int, channel) -> None:
-        attach = _call(channel, "Attach", pb.AttachRequest, pb.AttachUpdate, "unary_stream")
+        attach = rpc(channel, "Attach", pb.AttachRequest, pb.AttachUpdate, "unary_stream")
         request = pb.AttachRequest(protocol_version=CURRENT, worker_id=f"{self._prefix}-{index}")
         backoff, first = 0.1, True
         while True:
@@ -397,22 +390,17 @@ class _Presence:
         }
 
 
-def _raise_file_limit() -> None:
-    """Thousands of connections need as many file descriptors as the hard limit allows."""
-    import resource
-
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _start(target, *args) -> tuple[mp.Process, Any]:
+def start_process(target, *args) -> tuple[mp.Process, Any]:
+    """Starts target(conn, *args) in a spawned daemon process; the process and our end of the
+    pipe."""
     parent, child = mp.Pipe()
     process = mp.get_context("spawn").Process(target=target, args=(child, *args), daemon=True)
     process.start()
     return process, parent
 
 
-def _finish(process: mp.Process, conn) -> dict[str, Any]:
+def finish_process(process: mp.Process, conn) -> dict[str, Any]:
+    """Tells a process started by start_process to stop; the details it sends back, if any."""
     details: dict[str, Any] = {}
     with contextlib.suppress(BrokenPipeError, EOFError, OSError):
         conn.send("stop")
@@ -428,9 +416,9 @@ def _finish(process: mp.Process, conn) -> dict[str, Any]:
 def measure(server: str, batch: int, settings: Settings) -> dict[str, Any]:
     """One server, one batch size: results/s accepted over the window, lease latency, CPU."""
     if server == "master":
-        process, conn = _start(master_process, settings)
+        process, conn = start_process(master_process, settings)
     else:
-        process, conn = _start(echo_process, settings, server)
+        process, conn = start_process(echo_process, settings, server)
     clients = []
     try:
         if not conn.poll(START_S):
@@ -443,14 +431,14 @@ def measure(server: str, batch: int, settings: Settings) -> dict[str, Any]:
             attached = len(range(i, settings.attached, settings.client_procs))
             attached = attached if server == "master" else 0
             args = (port, process.pid, group, batch, server, settings, attached)
-            clients.append(_start(clients_process, *args))
+            clients.append(start_process(clients_process, *args))
         tallies = measure_window(clients, settings.warmup, settings.seconds, 4 * CALL_S, server)
     finally:
         for client, _ in clients:
             client.join(CALL_S)
             if client.is_alive():
                 client.kill()
-        details = _finish(process, conn)
+        details = finish_process(process, conn)
     return _summary(server, batch, settings, tallies, details)
 
 
@@ -531,6 +519,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(_cell_line(cells[-1]), file=sys.stderr, flush=True)
     rows = [_row(batch, cells) for batch in args.batch]
     report = {
+        **provenance(__file__, argv),
         "servers": {s: SERVERS[s] for s in servers},
         "settings": dataclasses.asdict(settings),
         "cpu_count": os.cpu_count(),
@@ -541,7 +530,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print(_table(rows, servers))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
     return report
 
 

@@ -5,7 +5,8 @@ pinned to one core. Prints the calls a second by kind, the master's CPU per wall
 the busiest client process's (near 1.0: the simulated fleet, not the master, set the pace), the
 results accepted, generations done and the lease latency over the window.
 
-    python bench/master_fleet_load.py --workers 10000 --client-procs 12 --seconds 60
+    python -m bench.master_fleet_load --workers 10000 --client-procs 12 --seconds 60 \\
+        --json bench/results/master-fleet-load-<machine>-<date>.json
 
 A simulated worker: one connection; an Attach call held open (reopened after a jittered
 backoff if it ends); at most one task running and one prefetched (it asks for 2 when it holds
@@ -23,17 +24,23 @@ import collections
 import dataclasses
 import json
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import grpc
-import master_capacity as mc  # puts this checkout on sys.path when nothing is installed
 
+from bench import master_capacity as mc
+from bench.common import (
+    EPISODE_STEPS,
+    cpu_seconds,
+    pin_to_cores,
+    provenance,
+    raise_file_limit,
+    write_json,
+)
 from neuro.v1 import evolution_pb2 as pb
 
-EPISODES_FILE = Path(__file__).resolve().parent / "results" / "frostbite-episode-steps.json"
 RETRY_RANGE_S = (0.05, 60.0)
 HEARTBEAT_RANGE_S = (0.5, 300.0)
 
@@ -49,7 +56,7 @@ class Load:
 
 
 def _steps(kind: str) -> list[int]:
-    recorded = json.loads(EPISODES_FILE.read_text())
+    recorded = json.loads(EPISODE_STEPS.read_text())
     return [int(s) for s in recorded[kind]["steps"]]
 
 
@@ -67,7 +74,7 @@ async def _fleet_worker(port: int, name: str, window, tally: _Tally, steps, load
     rng = random.Random(f"{load.seed}-{name}")
     step_s = load.step_ms / 1000.0
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=mc.CLIENT_OPTIONS)
-    call = lambda method, req, resp, kind="unary_unary": mc._call(channel, method, req, resp, kind)  # noqa: E731
+    call = lambda method, req, resp, kind="unary_unary": mc.rpc(channel, method, req, resp, kind)  # noqa: E731
     lease = call("Lease", pb.LeaseRequest, pb.LeaseResponse)
     report = call("Report", pb.ReportRequest, pb.ReportResponse)
     heartbeat = call("Heartbeat", pb.HeartbeatRequest, pb.HeartbeatResponse)
@@ -140,7 +147,7 @@ async def _fleet_worker(port: int, name: str, window, tally: _Tally, steps, load
 
 async def _status(port: int) -> tuple[int, int]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        status = mc._call(channel, "Status", pb.StatusRequest, pb.StatusResponse)
+        status = mc.rpc(channel, "Status", pb.StatusRequest, pb.StatusResponse)
         answer = await status(pb.StatusRequest(), timeout=mc.CALL_S)
         return answer.generation, answer.evaluations
 
@@ -150,8 +157,8 @@ def clients_process(conn, port: int, server_pid: int, names: list[str], load: Lo
     import os
 
     cores = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
-    mc._pin((cores - {mc.SERVER_CORE}) or cores)
-    mc._raise_file_limit()
+    pin_to_cores((cores - {mc.SERVER_CORE}) or cores)
+    raise_file_limit()
     steps = {kind: _steps(kind) for kind in ("offspring", "elite")}
     tally = _Tally()
     conn.send("ready")
@@ -161,8 +168,8 @@ def clients_process(conn, port: int, server_pid: int, names: list[str], load: Lo
         out: dict[str, Any] = {}
         for label, moment in (("start", window[0]), ("end", window[1])):
             await asyncio.sleep(max(0.0, moment - time.monotonic()))
-            out[f"server_cpu_{label}"] = mc._cpu_seconds(server_pid)
-            out[f"client_cpu_{label}"] = mc._cpu_seconds(os.getpid())
+            out[f"server_cpu_{label}"] = cpu_seconds(server_pid)
+            out[f"client_cpu_{label}"] = cpu_seconds(os.getpid())
             if first:
                 out[f"status_{label}"] = await _status(port)
         return out
@@ -183,7 +190,7 @@ def measure(load: Load) -> dict[str, Any]:
                            client_procs=load.client_procs, population=1000,
                            elite_candidates=10, elite_episodes=30, echo_seeds=0,
                            max_idle_s=60.0, server_option=())  # fmt: skip
-    process, conn = mc._start(mc.master_process, settings)
+    process, conn = mc.start_process(mc.master_process, settings)
     clients = []
     try:
         if not conn.poll(mc.START_S):
@@ -192,14 +199,14 @@ def measure(load: Load) -> dict[str, Any]:
         names = [f"fleet-{i}" for i in range(load.workers)]
         for i in range(load.client_procs):
             args = (port, process.pid, names[i :: load.client_procs], load, i == 0)
-            clients.append(mc._start(clients_process, *args))
+            clients.append(mc.start_process(clients_process, *args))
         tallies = mc.measure_window(clients, load.warmup, load.seconds, 6 * mc.CALL_S, "master")
     finally:
         for client, _ in clients:
             client.join(mc.CALL_S)
             if client.is_alive():
                 client.kill()
-        mc._finish(process, conn)
+        mc.finish_process(process, conn)
     return _summary(load, tallies)
 
 
@@ -263,10 +270,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"lease p99 {row['lease_p99_ms']} ms  present {row['present_at_end']}",
             flush=True,
         )
-    result = {"command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
-              "settings": vars(args) | {"json": None}, "rows": rows}  # fmt: skip
+    result = {**provenance(__file__, argv), "settings": vars(args) | {"json": None}, "rows": rows}
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        write_json(args.json, result)
     return result
 
 

@@ -1,6 +1,6 @@
 """GA against GA-NS on neuro/DeceptiveMaze-v0 through the real system, seed by seed.
 
-python bench/maze_compare.py --out runs/maze-compare       # seeds 1-5, 2 local workers each
+    python -m bench.maze_compare --out runs/maze-compare   # seeds 1-5, 2 local workers each
 
 Each run is `python -m master --env neuro/DeceptiveMaze-v0 --algo ALGO --seed S --frames F
 --local-workers W` with the vector-env preset (population 100, truncation 10, mutation power
@@ -14,17 +14,14 @@ bench/maze_search.py runs the same comparison in process, in a fraction of the t
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from master.run.rundir import read_metrics  # noqa: E402
-from neuro.envs.maze import GOAL_RADIUS  # noqa: E402
+from bench.common import REPO, write_json
+from master.run.rundir import read_metrics
+from neuro.envs.maze import GOAL_RADIUS
 
 MAZE = "neuro/DeceptiveMaze-v0"
 ARMS = ("ga", "ga-ns")
@@ -103,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         mine = [r for r in results if r["arm"] == arm]
         reached = sum(r["reached_goal"] for r in mine)
         print(f"{arm}: reached the goal in {reached}/{len(mine)} runs")
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    write_json(args.out / "results.json", results)
     plot(results, args.frames, args.plot or args.out / "maze.png")
     return 0
 

@@ -1,7 +1,8 @@
 """Deceptive maze: plain GA against GA-NS (novelty search) at the same budget, seed by seed.
 
-python bench/maze_search.py                  # seeds 1-5, the vector-env preset, both arms
-python bench/maze_search.py --seeds 1 2 --population 200 --generations 50 --json out.json
+    python -m bench.maze_search              # seeds 1-5, the vector-env preset, both arms
+    python -m bench.maze_search --seeds 1 2 --population 200 --generations 50 \\
+        --json bench/results/maze-search-<variant>-<machine>-<date>.json
 
 Both arms are the master's own algorithms driven through ask/tell, with its preset for vector
 envs (population 100, truncation 10, mutation power 0.05, 3 elite candidates, one elite
@@ -20,17 +21,13 @@ run_episode) to check that the batch scored what a worker would.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench.common import write_json
 from master.algorithms.base import Algorithm
 from master.algorithms.ga import GAConfig, GeneticAlgorithm
 from master.algorithms.ga_ns import NoveltyGA
@@ -214,7 +211,7 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         print(f"{arm}: goal reached in {len(reached)}/{len(args.seeds)} runs"
               + (f", at generations {sorted(reached)}" if reached else ""))  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2))
+        write_json(args.json, [asdict(r) for r in results])
     return results
 
 

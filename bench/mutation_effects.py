@@ -15,7 +15,8 @@ Two measurements, for each parent given (a plateau elite of a stalled run, by de
   each dtype; an offspring is neutral when it plays the parent's episode again (the same score
   and length); how many are, how many distinct outcomes the K give, how many beat the parent.
 
-    python bench/mutation_effects.py [--offspring 40] [--json bench/results/mutation-effects.json]
+    python -m bench.mutation_effects [--offspring 40] \\
+        [--json bench/results/mutation-effects-<machine>-<date>.json]
 """
 
 from __future__ import annotations
@@ -23,26 +24,23 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from bench.common import RESULTS, provenance, write_json
+from neuro.decode import decode_genome
+from neuro.inference import FLOAT32, INT8_STATIC
+from neuro.layout import ATARI_SHAPE, init_scale, parameter_layout
+from neuro.noise import NoiseTableSpec, load_noise_table
+from worker.evaluation.evaluator import Evaluator
+from worker.evaluation.spec import EvaluationSpec
+from worker.inference.int8_static import quantised_rows
+from worker.play.envs import VECTOR
+from worker.runners.per_genome import PerGenomeRunner
 
-from neuro.decode import decode_genome  # noqa: E402
-from neuro.inference import FLOAT32, INT8_STATIC  # noqa: E402
-from neuro.layout import ATARI_SHAPE, init_scale, parameter_layout  # noqa: E402
-from neuro.noise import NoiseTableSpec, load_noise_table  # noqa: E402
-from worker.evaluation.evaluator import Evaluator  # noqa: E402
-from worker.evaluation.spec import EvaluationSpec  # noqa: E402
-from worker.inference.int8_static import quantised_rows  # noqa: E402
-from worker.play.envs import VECTOR  # noqa: E402
-from worker.runners.per_genome import PerGenomeRunner  # noqa: E402
-
-STUDY = REPO / "bench" / "results" / "learning-parity"
+STUDY = RESULTS / "learning-parity"
 FROSTBITE_ACTIONS = 18
 SIGMA = 0.002
 
@@ -139,8 +137,8 @@ def main(argv: list[str] | None = None) -> dict:
     table = load_noise_table(table_spec)
     children = [int(s) for s in np.random.default_rng(2026).integers(0, 2**32, args.offspring)]
     evaluator = Evaluator(atari_backend=VECTOR)
-    report: dict = {"offspring": args.offspring, "sigma": SIGMA, "env_seed": args.env_seed,
-                    "parents": {}}  # fmt: skip
+    report: dict = {**provenance(__file__, argv), "offspring": args.offspring, "sigma": SIGMA,
+                    "env_seed": args.env_seed, "parents": {}}  # fmt: skip
     for run in args.runs:
         parent = plateau_parent(Path(args.study_dir) / run)
         entry: dict = {"seeds": list(parent), "weights": weight_effects(table, parent, children)}
@@ -151,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{run} weights: {json.dumps(entry['weights'])}", flush=True)
         report["parents"][run] = entry
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
     return report
 
 

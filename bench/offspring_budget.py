@@ -20,8 +20,8 @@ dense weights once (an OR over their bytes, this core's read bandwidth) would re
 floor is physics on this core (its caches and bandwidth), not a property of the code: a
 target above it cannot be met here by any pass that reads these weights once a step.
 
-    LD_PRELOAD=libtcmalloc_minimal.so.4 python bench/offspring_budget.py [--dtype int8-static] \
-        [--tasks 16] [--json FILE]
+    LD_PRELOAD=libtcmalloc_minimal.so.4 python -m bench.offspring_budget [--dtype int8-static] \
+        [--tasks 16] [--json bench/results/offspring-budget-<dtype>-<machine>-<date>.json]
 
 (tcmalloc as the workers that neuro starts, and the worker image, preload it.)
 """
@@ -29,26 +29,28 @@ target above it cannot be met here by any pass that reads these weights once a s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from bench.hostcost import _vector_env, cpu_model, pin_to, step_vector_env  # noqa: E402
-from master.config import ATARI_TRAINING_EPISODE_STEPS  # noqa: E402
-from neuro.allocator import this_process_allocator  # noqa: E402
-from neuro.inference import FLOAT32, INT8_STATIC  # noqa: E402
-from neuro.noise import NoiseTableSpec  # noqa: E402
+from bench.common import (
+    ale_game,
+    atari_vector_env,
+    cpu_model,
+    pin_to,
+    provenance,
+    step_vector_env,
+    write_json,
+)
+from master.config import ATARI_TRAINING_EPISODE_STEPS
+from neuro.allocator import this_process_allocator
+from neuro.inference import FLOAT32, INT8_STATIC
+from neuro.noise import NoiseTableSpec
 
 PARENT_SEED = 17
 """Offspring are this parent plus one mutation each, as a generation's are."""
@@ -57,8 +59,8 @@ SIGMA = 0.002
 
 def emulator_ms(env_id: str, seconds: float) -> float:
     """ms per agent step of the C++ vector env alone, one env, random actions: the ceiling's
-    own loop (bench/hostcost.py), in this process on its core."""
-    env = _vector_env(env_id, 1)
+    own loop (bench/common.py), in this process on its core."""
+    env = atari_vector_env(env_id, 1)
     env.reset(seed=0)
     _, steps, _, wall = step_vector_env(env, seconds, np.random.default_rng(0))
     env.close()
@@ -185,7 +187,6 @@ def repeated_ms(calls: list[Any], seconds: float) -> float:
 
 def reset_ms(env_id: str, repeats: int) -> dict[str, float]:
     """Median ms of a seeded reset (the ROM reload) and of an unseeded one, one sub-env."""
-    from bench.hostcost import ale_game
     from worker.play.atari_vector import VectorGroup
 
     group = VectorGroup(ale_game(env_id), 1)
@@ -292,6 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
     resets = reset_ms(args.env, args.resets)
     emulator = (before + after) / 2
     result = {
+        **provenance(__file__, argv),
         "settings": {
             **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "core": core,
@@ -307,8 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print_budget(result)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return result
 
 

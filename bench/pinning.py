@@ -9,25 +9,19 @@ turns for `--rounds`. Prints the mean forward and emulator ms per step of each, 
 ratio. With fewer processes than CPUs (the default, 1) a process has idle cores beside it,
 as a worker on a host it does not fill has; with one per CPU every core is busy.
 
-    python bench/pinning.py --json bench/results/pinning-avx2.json
-    python bench/pinning.py --processes 2 --json bench/results/pinning-avx2-busy.json
+    python -m bench.pinning --json bench/results/pinning-<machine>-<date>.json
+    python -m bench.pinning --processes 2 --json bench/results/pinning-busy-<machine>-<date>.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from neuro.allocator import worker_environment  # noqa: E402
+from bench.common import atari_vector_env, play_timed, provenance, write_json
+from neuro.allocator import worker_environment
 
 MODES = ("scheduler", "pinned")
 
@@ -41,8 +35,6 @@ def _child(index: int, cpu: int | None, dtype: str, steps: int, queue: Any) -> N
     import numpy as np
     import torch
 
-    from bench.hostcost import _vector_env
-    from bench.inference_engines import play_timed
     from worker.inference.policy import build_policy
     from worker.play.calibration import calibration_for
 
@@ -54,7 +46,7 @@ def _child(index: int, cpu: int | None, dtype: str, steps: int, queue: Any) -> N
     policy.load_parameters(
         (rng.standard_normal(policy.num_params) * policy.init_scale()).astype(np.float32)
     )
-    env = _vector_env("Frostbite-v4", 1)  # the ceiling's emulator, under the paper protocol
+    env = atari_vector_env("Frostbite-v4", 1)  # the ceiling's emulator, under the paper protocol
     timed = play_timed(policy, env, index, steps)
     env.close()
     queue.put(timed)
@@ -112,13 +104,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{summary['pinned']['step_ms']:.3f} ms (pinned / scheduler {ratio:.3f}), "
           f"{args.processes} process(es) on {allowed} CPUs")  # fmt: skip
     result = {
+        **provenance(__file__, argv),
         "settings": {**vars(args), "cpus": allowed, "ld_preload": os.environ.get("LD_PRELOAD", "")},
         "rounds": rounds,
         "summary": summary,
         "pinned_over_scheduler": ratio,
     }
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return result
 
 

@@ -1,17 +1,15 @@
 """Score of uniformly random actions under the run's Atari protocol: the floor of a curve.
 
-python bench/random_play.py --env Frostbite-v4 --episodes 30
+    python -m bench.random_play --env Frostbite-v4 --episodes 30 \\
+        --json bench/results/random-play-<env>-<machine>-<date>.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import provenance, write_json
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -35,6 +33,7 @@ def main(argv: list[str] | None = None) -> dict:
     episodes = play(actor, handle, args.episodes, args.max_episode_steps, args.seed)
     scores = [episode.total_reward for episode in episodes]
     summary = {
+        **provenance(__file__, argv),
         "env": args.env,
         "episodes": args.episodes,
         "mean": statistics.fmean(scores),
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"random play on {args.env}: mean {summary['mean']:.1f} std {summary['std']:.1f} "
           f"over {args.episodes} episodes")  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2))
+        write_json(args.json, summary)
     return summary
 
 

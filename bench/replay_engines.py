@@ -4,24 +4,18 @@ What neuro-eval plays (the genome file's env and protocol, the first reset seede
 --seed), once per dtype and engine in one process. A refactor of the worker must leave every
 score as it was: run this before and after on the same host and compare the JSON.
 
-    python bench/replay_engines.py bench/results/frostbite-best-genome.json --episodes 30 \\
-        --json scores.json
+    python -m bench.replay_engines bench/results/frostbite-best-genome.json --episodes 30 \\
+        --json bench/results/replay-engines-<change>-<machine>-<date>.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from neuro.inference import INFERENCE_DTYPES, INFERENCE_ENGINES  # noqa: E402
+from bench.common import provenance, write_json
+from neuro.inference import INFERENCE_DTYPES, INFERENCE_ENGINES
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -39,8 +33,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from worker.offline.replay import evaluate_policy
 
     torch.set_num_threads(1)
-    result: dict[str, Any] = {"genome": args.genome, "episodes": args.episodes,
-                              "seed": args.seed, "scores": {}, "engines": {}}  # fmt: skip
+    result: dict[str, Any] = {**provenance(__file__, argv), "genome": args.genome,
+                              "episodes": args.episodes, "seed": args.seed, "scores": {},
+                              "engines": {}}  # fmt: skip
     for dtype in INFERENCE_DTYPES:
         for engine in INFERENCE_ENGINES:
             evaluator = Evaluator(inference_engine=engine)
@@ -55,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{sum(scores) / len(scores):.1f} ({time.perf_counter() - started:.0f} s)",
                   flush=True)  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return result
 
 

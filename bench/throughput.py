@@ -12,11 +12,11 @@ In one run, on the same cores (W = --workers, one pinned process per core):
   floor     emulator ms per step + max(bytes / bandwidth, FLOPs / peak), both measured here;
   cost      core-hours (and dollars at --price) per 1B frames, idle and loaded.
 
-    python bench/throughput.py --json bench/results/throughput.json
-    python bench/throughput.py --inference-dtype float32 bfloat16 \
-        --worker-arg=--atari-engine --worker-arg=vector --json bench/results/throughput.json
+    python -m bench.throughput --json bench/results/throughput.json
+    python -m bench.throughput --inference-dtype float32 bfloat16 \
+        --worker-arg=--atari-backend --worker-arg=vector --json bench/results/throughput.json
     # a GPU host: one batched worker with 256 env slots against the 16-process ceiling
-    python bench/throughput.py --workers 16 --batched-envs 256 --device cuda --population 1000 \
+    python -m bench.throughput --workers 16 --batched-envs 256 --device cuda --population 1000 \
         --json bench/results/throughput-gpu.json
 """
 
@@ -29,7 +29,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -37,21 +36,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from bench.gpu_sampling import GpuSampler  # noqa: E402
-from bench.hostcost import (  # noqa: E402  (after the path insert, so the script runs as a file)
-    bandwidth_and_peak,
-    cpu_model,
-    dtype_support,
-    emulator,
-    forward_costs,
+from bench.common import (
+    REPO,
     in_child,
+    json_text,
     l3_cache,
+    machine,
     pin_to,
+    process_memory,
+    provenance,
+    write_json,
 )
-from neuro.allocator import worker_environment  # noqa: E402
+from bench.gpu_sampling import GpuSampler
+from bench.hostcost import bandwidth_and_peak, dtype_support, emulator, forward_costs
+from neuro.allocator import worker_environment
 
 # The paper's generation: N offspring of one episode each, then C elite candidates x E episodes.
 PAPER_OFFSPRING = 1000
@@ -64,17 +62,6 @@ PAPER_CORE_HOURS = 720.0
 # labelled as one in the output; pass --price with the region's current figure.
 ASSUMED_PRICE_PER_VCPU_HOUR = 0.02
 FRAMES_PER_STEP = 4
-
-
-def memory(pid: int) -> dict[str, float]:
-    """RSS and PSS in MiB: PSS splits shared pages (the noise table) among their users."""
-    figures = {}
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("Rss", "Pss", "Shared_Clean", "Private_Dirty"):
-                figures[key.lower() + "_mib"] = int(value.split()[0]) / 1024
-    return figures
 
 
 def read_stats(stats_dir: Path) -> list[dict]:
@@ -192,9 +179,9 @@ async def end_to_end(args: argparse.Namespace, dtype: str, run_dir: Path, stats_
         # Frames the master has recorded: whole phases, and this phase's finished tasks.
         recorded = trainer.frames + (0 if complete else current_phase_frames(fleet))
         gpu_utilisation = gpu.stop() if gpu is not None else None
-        memory_mib = {"master": memory(os.getpid())}
+        memory_mib = {"master": process_memory(os.getpid())}
         for index, w in enumerate(workers):
-            memory_mib[f"worker-{index}"] = memory(w.pid)
+            memory_mib[f"worker-{index}"] = process_memory(w.pid)
     finally:
         if gpu is not None:
             gpu.stop()
@@ -447,7 +434,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="one training run and one forward benchmark per dtype")  # fmt: skip
     parser.add_argument("--worker-arg", action="append", default=[],
                         help="extra argument for every worker process (repeatable), "
-                        "e.g. --worker-arg=--atari-engine --worker-arg=vector")  # fmt: skip
+                        "e.g. --worker-arg=--atari-backend --worker-arg=vector")  # fmt: skip
     parser.add_argument("--master-arg", action="append", default=[],
                         help="extra neuro-master flag (repeatable)")  # fmt: skip
     parser.add_argument("--loaded-sets", type=int, default=8,
@@ -537,9 +524,8 @@ def main(argv: list[str] | None = None) -> dict:
             "floor": floor(bracket, host, forward, training),
         }
     result = {
-        "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "l3": cache,
-                    "platform": platform.platform(), "python": platform.python_version(),
-                    "ld_preload": os.environ.get("LD_PRELOAD", "")},
+        **provenance(__file__, argv),
+        "machine": {**machine(), "l3": cache},
         "settings": vars(args),
         "dtype_support": support,
         "price": {"usd_per_vcpu_hour": price,
@@ -552,11 +538,9 @@ def main(argv: list[str] | None = None) -> dict:
         "host": host,
         "runs": runs,
     }  # fmt: skip
-    text = json.dumps(finite(result), indent=2, default=str)
-    print(text)
+    print(json_text(result))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text)
+        write_json(args.json, result)
     return result
 
 
@@ -574,17 +558,6 @@ def bracketing(before: dict, after: dict) -> dict:
         "ms_per_env_step": sum(steps) / 2,
         "spread": abs(rates[1] - rates[0]) / mean if mean else None,
     }
-
-
-def finite(value: Any) -> Any:
-    """The document with NaN and infinities as null, so it is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    return value
 
 
 if __name__ == "__main__":

@@ -131,11 +131,11 @@ def test_the_floor_prices_no_dtype_below_float32_and_int8_on_the_workers_kernel(
     below float32's, and int8's is timed on fbgemm's linear, which the dense layer runs."""
     import torch
 
-    from bench.hostcost import _matmul_peak
+    from bench.hostcost import matmul_peak
     from bench.throughput import floor
 
     torch.set_num_threads(1)
-    float32, int8 = (_matmul_peak(torch, 256, dtype) for dtype in ("float32", "int8"))
+    float32, int8 = (matmul_peak(torch, 256, dtype) for dtype in ("float32", "int8"))
     assert float32 and int8 and int8 > float32 / 4
     host = {"bytes_per_s": 1e9, "peak_flop_per_s": {"float32": 1e11, "bfloat16": 1e8}}
     forward = {"bytes_per_forward": 1_000, "flops_by_dtype": {"bfloat16": 10**9}, "idle_ms": 20,

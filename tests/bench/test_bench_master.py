@@ -21,7 +21,7 @@ CELL_KEYS = {"server", "batch", "results_per_s", "accepted", "not_accepted", "du
 
 def test_benchmark_reports_results_for_master_and_echo(tmp_path):
     out = tmp_path / "capacity.json"
-    command = [sys.executable, "bench/master_capacity.py", "--seconds", "2", "--warmup", "0.5",
+    command = [sys.executable, "-m", "bench.master_capacity", "--seconds", "2", "--warmup", "0.5",
                "--clients", "2", "--batch", "8", "--population", "20",
                "--attached", "5", "--json", str(out)]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=worker_env(), capture_output=True, timeout=180)
@@ -42,7 +42,7 @@ def test_benchmark_reports_results_for_master_and_echo(tmp_path):
 
 def test_fleet_load_runs_a_whole_fleet_s_calls_against_the_master(tmp_path):
     out = tmp_path / "fleet.json"
-    command = [sys.executable, "bench/master_fleet_load.py", "--workers", "30",
+    command = [sys.executable, "-m", "bench.master_fleet_load", "--workers", "30",
                "--client-procs", "1", "--seconds", "4", "--warmup", "2",
                "--json", str(out)]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=worker_env(), capture_output=True, timeout=180)

@@ -25,7 +25,7 @@ TINY = ["--device", "cpu", "--envs", "4", "--emulator-seconds", "0.5", "--worker
 def gpu_host(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     """Runs the command as its user would: exit code, JSON, stdout."""
     out = tmp_path / "gpu-host.json"
-    command = [sys.executable, str(REPO / "bench" / "gpu_host.py"), *args, "--json", str(out)]
+    command = [sys.executable, "-m", "bench.gpu_host", *args, "--json", str(out)]
     done = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert out.exists(), done.stderr[-3000:]

@@ -209,7 +209,7 @@ def test_the_workers_mlp_policy_plays_it():
 @pytest.mark.slow
 def test_the_search_benchmark_runs_at_a_tiny_size(tmp_path, noise_cache):
     out = tmp_path / "maze.json"
-    command = [sys.executable, str(REPO / "bench" / "maze_search.py"), "--seeds", "1",
+    command = [sys.executable, "-m", "bench.maze_search", "--seeds", "1",
                "--generations", "2", "--population", "12", "--truncation", "3",
                "--noise-table-size", str(2**16), "--json", str(out)]  # fmt: skip
     done = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
@@ -227,11 +227,8 @@ def test_the_search_benchmark_runs_at_a_tiny_size(tmp_path, noise_cache):
 def test_novelty_escapes_the_maze_where_the_ga_is_deceived(noise_cache):
     """The comparison of the README at a smaller budget (60 generations, not 100): the same
     algorithms, decoder and dynamics, the population stepped in lockstep in process."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import maze_search
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    from bench import maze_search
+
     results = maze_search.main(["--generations", "60", "--seeds", "1", "2", "3", "4", "5"])
     reached = {arm: sum(r.reached_at is not None for r in results if r.arm == arm)
                for arm in ("ga", "ga-ns")}  # fmt: skip
