@@ -28,7 +28,7 @@ MODES = ("scheduler", "pinned")
 
 def _child(index: int, cpu: int | None, dtype: str, steps: int, queue: Any) -> None:
     if cpu is not None:
-        from worker.cli import pin_to_cpu
+        from worker.cli.pinning import pin_to_cpu
 
         pin_to_cpu(cpu)  # before the vector env starts its thread: it inherits the CPU
     import gymnasium as gym

@@ -1,9 +1,9 @@
 """neuro worker: rebuilds policies from genomes, plays episodes, reports returns.
 
-The rooms: the process edge (cli, client, limits, spot); evaluation/ (a task -> parameters ->
-policy); runners/ (per-genome, batched); play/ (the rollout, envs, the Atari vector env);
-inference/ (the engine interface, the registry, one folder or file per engine); offline/
-(replay, video). docs/architecture.md walks one task through them.
+The rooms: the process edge (cli/, client/, limits, spot, fanout); evaluation/ (a task ->
+parameters -> policy); runners/ (per-genome, batched); play/ (the rollout, envs, the Atari
+vector env); inference/ (the engine interface, the registry, one folder or file per engine);
+offline/ (replay, video). docs/architecture.md walks one task through them.
 
 Importing the package loads no torch: `neuro-worker --help` and a bad flag answer at once.
 """

@@ -490,9 +490,9 @@ def test_the_context_builds_a_wheel_with_the_packages_and_no_tests(
         names = set(archive.namelist())
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         scripts = archive.read(entry_points).decode()
-    for expected in ("master/cli.py", "master/run/start.py", "worker/cli.py", "neuro/noise.py",
-                     "neuro/v1/evolution_pb2.py", "neuro/v1/evolution_pb2_grpc.py",
-                     "deploy/__init__.py"):  # fmt: skip
+    for expected in ("master/cli.py", "master/run/start.py", "worker/cli/__init__.py",
+                     "neuro/noise.py", "neuro/v1/evolution_pb2.py",
+                     "neuro/v1/evolution_pb2_grpc.py", "deploy/__init__.py"):  # fmt: skip
         assert expected in names, f"{expected} missing from {wheel.name}"
     assert not [n for n in names if n.startswith("tests/")], sorted(names)
     assert "neuro-master = master.cli:main" in scripts, scripts

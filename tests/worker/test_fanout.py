@@ -164,7 +164,7 @@ def test_the_registry_serves_a_gpu_by_index_and_names_one_that_is_not_here(monke
 def test_a_worker_on_gpu_n_makes_it_torch_s_current_device(monkeypatch) -> None:
     import torch
 
-    from worker.cli import _build_client
+    from worker.cli.work import _build_client
 
     gpus(monkeypatch, 2)
     chosen = []

@@ -70,7 +70,7 @@ class Evaluator:
         """`shared_store`: where this host's workers share decoded parents (None: private).
 
         `atari_backend`: "gym" or "vector" (ale-py's C++ vector env) for paper-protocol Atari
-        (neuro-worker --atari-engine), which the runners' envs are built with.
+        (neuro-worker --atari-backend), which the runners' envs are built with.
         `inference_engine`: the engine to prefer for the policies' forward pass (None:
         preferred_engine(), onnxruntime where it is installed); `engines_used` records
         which one each kind of policy got.

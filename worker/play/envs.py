@@ -2,7 +2,7 @@
 cache of built envs a worker keeps between tasks.
 
 "Atari backend" is what plays the paper's Atari protocol: gymnasium's wrappers ("gym") or
-ale-py's C++ vector env ("vector"), chosen by neuro-worker's --atari-engine; not to be
+ale-py's C++ vector env ("vector"), chosen by neuro-worker's --atari-backend; not to be
 confused with the inference engine, which runs the policy (worker/inference).
 """
 

@@ -58,7 +58,7 @@ def test_a_cpu_list_pins_a_worker_to_a_share_of_the_cpus():
     ],
 )  # fmt: skip
 def test_a_pinned_batched_worker_steps_its_emulators_on_its_own_cpus(argv, threads, monkeypatch):
-    from worker.cli import _batched_runner
+    from worker.cli.work import _batched_runner
 
     built = []
     monkeypatch.setattr("worker.runners.batched.BatchedRunner",

@@ -160,12 +160,13 @@ def test_engine_choice_keeps_gymnasium_where_it_must():
 def test_worker_flag_and_env_var_choose_the_engine(monkeypatch):
     from worker.cli import worker_parser, worker_settings
 
+    monkeypatch.delenv("NEURO_ATARI_BACKEND", raising=False)
     monkeypatch.delenv("NEURO_ATARI_ENGINE", raising=False)
     parser = worker_parser()
-    assert worker_settings(parser, parser.parse_args([])).atari_engine == "vector"
-    flagged = parser.parse_args(["--atari-engine", "gym"])
-    assert worker_settings(parser, flagged).atari_engine == "gym"
-    monkeypatch.setenv("NEURO_ATARI_ENGINE", "bogus")
+    assert worker_settings(parser, parser.parse_args([])).atari_backend == "vector"
+    flagged = parser.parse_args(["--atari-backend", "gym"])
+    assert worker_settings(parser, flagged).atari_backend == "gym"
+    monkeypatch.setenv("NEURO_ATARI_BACKEND", "bogus")
     parser = worker_parser()
     with pytest.raises(SystemExit):
         worker_settings(parser, parser.parse_args([]))

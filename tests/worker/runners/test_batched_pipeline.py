@@ -10,7 +10,8 @@ import pytest
 
 from neuro.noise import NoiseTableSpec
 from tests.support.runners import run_all
-from worker.cli import _batched_runner, worker_parser, worker_settings
+from worker.cli import worker_parser, worker_settings
+from worker.cli.work import _batched_runner
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
 from worker.play.envs import VECTOR

@@ -1,44 +1,26 @@
-"""neuro-worker (join a master and work) and neuro-eval (replay a saved genome)."""
+"""neuro-worker's flags, each with its env var, and the checks that turn them into settings."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import math
 import os
-import signal
-import socket
 import sys
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuro.allocator import allocator_advice, tcmalloc_installed, this_process_allocator
 from neuro.cpus import format_cpu_list, parse_cpu_list
 from neuro.wire import DEFAULT_MASTER, load_token
+from worker.cli.pinning import allowed_cpus
 from worker.fanout import ENVS_PER_CPU
 from worker.inference.registry import check_preference, preferred_engine
 from worker.play.envs import ATARI_BACKENDS, DEFAULT_ATARI_BACKEND
 
 if TYPE_CHECKING:
-    from worker.client import WorkerClient
     from worker.fanout import Share
-    from worker.spot import SpotNoticeWatcher
 
 SPOT_NOTICE_MODES = ("off", "imds")
-
-
-def worker_main(argv: list[str] | None = None) -> int:
-    """neuro-worker: parse the flags, check them into settings, join the master and work (or,
-    given several devices, start and supervise one worker process per device)."""
-    parser = worker_parser()
-    settings = worker_settings(parser, parser.parse_args(argv))
-    if settings.shares:
-        return run_fanout(settings, sys.argv[1:] if argv is None else argv)
-    return run_worker(settings)
 
 
 @dataclass(frozen=True)
@@ -50,8 +32,9 @@ class WorkerSettings:
     """None: hostname-pid-random, chosen at start."""
     prefetch: int
     slots: int
-    atari_engine: str
-    """"vector": paper-protocol Atari on ale-py's C++ vector env; "gym": gymnasium wrappers."""
+    atari_backend: str
+    """What plays paper-protocol Atari: "vector", ale-py's C++ vector env; "gym", gymnasium
+    wrappers."""
     inference_engine: str
     """"onnxruntime" or "torch": what runs the Atari net's float32, int8 and int8-static
     passes."""
@@ -133,11 +116,23 @@ def worker_parser() -> argparse.ArgumentParser:
         "device computes the other's actions); for measuring what the pipeline gains",
     )
     parser.add_argument(
-        "--atari-engine",
-        default=os.environ.get("NEURO_ATARI_ENGINE", DEFAULT_ATARI_BACKEND),
+        "--atari-backend",
+        default=os.environ.get(
+            "NEURO_ATARI_BACKEND", os.environ.get("NEURO_ATARI_ENGINE", DEFAULT_ATARI_BACKEND)
+        ),
         help="what plays paper-protocol Atari: vector (ale-py's C++ vector env, one call steps "
         "all slots of a game) or gym (gymnasium wrappers); registered dynamics and non-Atari "
-        "envs are gymnasium either way (env NEURO_ATARI_ENGINE; default %(default)s)",
+        "envs are gymnasium either way (env NEURO_ATARI_BACKEND; default %(default)s)",
+    )
+    # The flag's name before the env backend and the inference engine were told apart; still
+    # taken, with its env var NEURO_ATARI_ENGINE, so existing scripts and manifests keep working.
+    parser.add_argument(
+        "--atari-engine",
+        dest="atari_backend",
+        action=_DeprecatedAlias,
+        use="--atari-backend",
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
     )
     parser.add_argument(
         "--inference-engine",
@@ -253,9 +248,9 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         _check_stats_file(parser, args.stats_file)
     if args.slots < 1:
         parser.error(f"--slots must be >= 1, got {args.slots}")
-    if args.atari_engine not in ATARI_BACKENDS:
-        parser.error(f"--atari-engine (or NEURO_ATARI_ENGINE) must be one of "
-                     f"{', '.join(ATARI_BACKENDS)}, got {args.atari_engine!r}")  # fmt: skip
+    if args.atari_backend not in ATARI_BACKENDS:
+        parser.error(f"--atari-backend (or NEURO_ATARI_BACKEND) must be one of "
+                     f"{', '.join(ATARI_BACKENDS)}, got {args.atari_backend!r}")  # fmt: skip
     inference_engine = args.inference_engine or preferred_engine()
     try:
         check_preference(inference_engine)
@@ -270,14 +265,14 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     device = devices[0]
     if args.cpu is not None:
         _check_cpus(parser, args.cpu)
-    cpus = len(args.cpu or _allowed_cpus())
+    cpus = len(args.cpu or allowed_cpus())
     envs = args.envs or (ENVS_PER_CPU * cpus if device.startswith("cuda") else 0)
     return WorkerSettings(
         master=args.master,
         worker_id=args.worker_id,
         prefetch=args.prefetch,
         slots=args.slots,
-        atari_engine=args.atari_engine,
+        atari_backend=args.atari_backend,
         inference_engine=inference_engine,
         stats_file=args.stats_file,
         torch_threads=args.torch_threads,
@@ -296,6 +291,19 @@ def worker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         shares=shares,
         pipeline=args.pipeline,
     )
+
+
+class _DeprecatedAlias(argparse.Action):
+    """A renamed flag's old name: takes its value for the new one, saying so on stderr."""
+
+    def __init__(self, *args: Any, use: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.use = use
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:  # fmt: skip
+        print(f"{parser.prog}: {option_string} is deprecated; use {self.use}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def cpu_list(text: str) -> tuple[int, ...]:
@@ -334,13 +342,6 @@ def _shares(
         parser.error(f"--device (or NEURO_DEVICE): {error}")
 
 
-def _allowed_cpus() -> tuple[int, ...]:
-    """The CPUs this process may run on (a container's or taskset's, not the host's)."""
-    if hasattr(os, "sched_getaffinity"):
-        return tuple(sorted(os.sched_getaffinity(0)))
-    return tuple(range(os.cpu_count() or 1))
-
-
 def _check_cpus(parser: argparse.ArgumentParser, cpus: tuple[int, ...]) -> None:
     named = format_cpu_list(cpus)
     if not hasattr(os, "sched_setaffinity"):
@@ -351,28 +352,6 @@ def _check_cpus(parser: argparse.ArgumentParser, cpus: tuple[int, ...]) -> None:
         which = "is not a CPU" if len(cpus) == 1 else f"names {format_cpu_list(outside)}, not CPUs"
         parser.error(f"--cpu (or NEURO_CPU) {named} {which} this process may run on; "
                      f"allowed: {format_cpu_list(allowed)}")  # fmt: skip
-
-
-def pin_to_cpus(cpus: tuple[int, ...] | set[int]) -> None:
-    """Pins every thread of this process to `cpus`; threads it starts later inherit that.
-
-    Why: ale-py's vector env steps the emulator in a thread of its own and hands each
-    observation to the caller's thread, which runs the forward pass. Left to the scheduler,
-    the two often sit on different cores, and every step crosses caches (and, in a VM, costs
-    a cross-CPU wake-up): docs/performance.md measures the difference. A batched worker's
-    share (several CPUs) keeps its emulator threads off the other shares' cores."""
-    try:
-        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
-    except OSError:  # no /proc: this thread, which has started no other yet
-        threads = [0]
-    for tid in threads:
-        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
-            os.sched_setaffinity(tid, set(cpus))
-
-
-def pin_to_cpu(cpu: int) -> None:
-    """Pins every thread of this process to one logical CPU (pin_to_cpus)."""
-    pin_to_cpus({cpu})
 
 
 def _physical_memory_mb() -> int:
@@ -414,204 +393,3 @@ def _read_tls_ca(parser: argparse.ArgumentParser, tls_ca: str | None) -> bytes |
         return Path(tls_ca).read_bytes()
     except OSError as error:
         parser.error(f"--tls-ca {tls_ca}: {error.strerror}")
-
-
-def run_worker(settings: WorkerSettings) -> int:
-    """Joins the master and works until done or signalled; returns the exit code."""
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s worker %(message)s"
-    )
-    if settings.cpus is not None:
-        # Before the client starts its threads (gRPC, the emulators'): they inherit it.
-        pin_to_cpus(settings.cpus)
-    client = _build_client(settings)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: client.stop())
-    allocator = this_process_allocator()
-    logging.info(
-        "worker %s joining master %s (%s, %s, %s malloc, Atari net on %s)", client.worker_id,
-        settings.master, "TLS" if settings.root_certificates else "plaintext",
-        "token" if settings.token else "no token", allocator, settings.inference_engine,
-    )  # fmt: skip
-    if settings.cpus is not None:
-        plural = "s" if len(settings.cpus) > 1 else ""
-        logging.info("worker %s pinned to CPU%s %s", client.worker_id, plural,
-                     format_cpu_list(settings.cpus))  # fmt: skip
-    advice = allocator_advice(allocator, os.environ, tcmalloc_installed())
-    if advice is not None:
-        logging.info("worker %s: %s", client.worker_id, advice)
-    watcher = _watch_spot_notices(settings, client.stop)
-    try:
-        code = client.run()
-    finally:
-        if watcher is not None:
-            watcher.stop()
-    if watcher is not None and watcher.notice is not None:
-        logging.warning(
-            "worker %s left on a spot interruption notice (%s at %s)",
-            client.worker_id, watcher.notice.action, watcher.notice.time,
-        )  # fmt: skip
-    logging.info("worker %s done: %s", client.worker_id, client.counters)
-    if settings.stats_file:
-        client.write_stats()
-    return code
-
-
-def _build_client(settings: WorkerSettings) -> WorkerClient:
-    # torch and the client load here, after the flags are checked: a bad flag fails fast.
-    import torch
-
-    from neuro.shared_store import SharedVectorStore
-    from worker.client import WorkerClient
-    from worker.evaluation.evaluator import Evaluator
-
-    torch.set_num_threads(settings.torch_threads)
-    if settings.device.startswith("cuda:"):
-        # Before anything touches CUDA: what runs on the "current" device (a synchronize, a
-        # tensor made on "cuda") then runs on this GPU, and no context is made on GPU 0.
-        torch.cuda.set_device(settings.device)
-    shared = (
-        SharedVectorStore(budget_bytes=settings.shared_cache_mb * 2**20)
-        if settings.shared_cache_mb
-        else None
-    )
-    return WorkerClient(
-        settings.master,
-        _worker_id(settings),
-        Evaluator(
-            settings.noise_cache,
-            settings.decode_cache_mb * 2**20,
-            shared,
-            atari_backend=settings.atari_engine,
-            inference_engine=settings.inference_engine,
-        ),
-        prefetch=settings.prefetch,
-        give_up_after_s=settings.give_up_after,
-        slots=settings.envs or settings.slots,
-        stats_path=settings.stats_file,
-        token=settings.token,
-        root_certificates=settings.root_certificates,
-        runner_factory=_batched_runner(settings) if settings.envs else None,
-    )
-
-
-def _worker_id(settings: WorkerSettings) -> str:
-    """--worker-id, else hostname-pid-random."""
-    return settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-def run_fanout(settings: WorkerSettings, argv: list[str]) -> int:
-    """Runs one worker process per share (worker/fanout.py) until all have exited."""
-    from worker.fanout import Fanout
-
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s worker %(message)s"
-    )
-    fanout = Fanout(argv, settings.shares, _worker_id(settings), settings.stats_file)
-    logging.info("worker %s: %d devices (%s), one worker process each", fanout.worker_id,
-                 len(settings.shares), ", ".join(s.device for s in settings.shares))  # fmt: skip
-    code = fanout.run()
-    logging.info("worker %s done: %s", fanout.worker_id, fanout.codes)
-    return code
-
-
-def _batched_runner(settings: WorkerSettings) -> Callable:
-    """Builds the batched runner in the main thread: `envs` slots on the device, the C++
-    vector env stepping them with one thread per CPU this worker may use (on a CPU device,
-    one thread unless it was pinned to several)."""
-    from worker.runners.batched import BatchedRunner
-
-    cpus = len(settings.cpus or _allowed_cpus())
-    several = settings.device != "cpu" or (settings.cpus is not None and len(settings.cpus) > 1)
-    threads = max(1, min(settings.envs, cpus)) if several else 1
-
-    def build(evaluator: Any, capacity: int, timers: Any) -> BatchedRunner:
-        return BatchedRunner(evaluator, capacity, settings.device, timers, threads,
-                                 pipelined=settings.pipeline)  # fmt: skip
-
-    return build
-
-
-def _watch_spot_notices(
-    settings: WorkerSettings, stop: Callable[[], None]
-) -> SpotNoticeWatcher | None:
-    """Starts polling for a spot interruption notice, which drains like SIGTERM."""
-    if settings.spot_endpoint is None:
-        return None
-    from worker.spot import SpotNoticeWatcher
-
-    watcher = SpotNoticeWatcher(stop, settings.spot_endpoint, settings.spot_poll_seconds)
-    logging.info("watching for spot interruption notices at %s every %gs",
-                 watcher.endpoint, watcher.poll_seconds)  # fmt: skip
-    watcher.start()
-    return watcher
-
-
-def eval_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="neuro-eval",
-        description="Replay a saved genome under the training protocol and print its score "
-        "statistics; optionally record it as video.",
-    )
-    parser.add_argument(
-        "genome",
-        metavar="RUN_DIR|GENOME.json",
-        help="a run dir (replays its best_genome.json) or a genome file such as "
-        "RUN_DIR/elite_genome.json",
-    )
-    parser.add_argument("--episodes", type=int, default=30, help="default %(default)s")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the first episode's reset")
-    parser.add_argument(
-        "--video",
-        metavar="OUT.mp4",
-        default=None,
-        help="record the first --video-episodes episodes to this mp4, from the env's "
-        "full-colour frames; the scores are the same as without (needs the video extra: "
-        "pip install 'neuro[video]')",
-    )
-    parser.add_argument(
-        "--video-episodes",
-        type=int,
-        default=None,
-        help="episodes to record, one after another in one file (default 1)",
-    )
-    args = parser.parse_args(argv)
-    if args.episodes < 1:
-        parser.error(f"--episodes must be >= 1, got {args.episodes}")
-    if args.video and Path(args.video).suffix.lower() != ".mp4":
-        parser.error(f"--video must name an .mp4 file, got {args.video!r}")
-    if args.video_episodes is not None and args.video is None:
-        parser.error("--video-episodes needs --video")
-    video_episodes = 1 if args.video_episodes is None else args.video_episodes
-    if args.video and not 1 <= video_episodes <= args.episodes:
-        parser.error(f"--video-episodes must be between 1 and --episodes ({args.episodes}), "
-                     f"got {video_episodes}")  # fmt: skip
-    from worker.evaluation.evaluator import mean_and_spread
-    from worker.offline.replay import evaluate_policy, load_genome_file, resolve_genome_path
-
-    video = None
-    try:
-        path = resolve_genome_path(args.genome)
-        spec = load_genome_file(path)
-        if args.video:
-            from worker.offline.video import Video, require_video_packages
-
-            require_video_packages()  # before minutes of episodes, not after
-            # Frames are rendered off screen: no window, and no display needed.
-            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-            video = Video(args.video, episodes=video_episodes)
-        if path != Path(args.genome):
-            print(f"{args.genome} is a run dir: replaying its {path.name} ({path})")
-        print(f"{spec.env_id}: {args.episodes} episodes, the first reset seeded with {args.seed}")
-        scores = evaluate_policy(path, episodes=args.episodes, env_seed=args.seed, video=video)
-    except (ValueError, ImportError) as error:
-        print(f"neuro-eval: {error}", file=sys.stderr)
-        return 2
-    print("scores: " + " ".join(str(score) for score in scores))
-    print(f"{path}: {mean_and_spread(scores)}")
-    if video is not None:
-        recorded = "episode 1" if video.episodes == 1 else f"episodes 1-{video.episodes}"
-        # One frame after each reset and one after each step: steps + 1 per episode.
-        print(f"wrote {video.path}: {recorded}, {sum(video.frames)} frames "
-              f"({' + '.join(map(str, video.frames))}) at {video.fps:g} fps")  # fmt: skip
-    return 0
