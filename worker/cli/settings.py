@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuro.cpus import format_cpu_list, parse_cpu_list
+from neuro.inference import INFERENCE_ENGINES
 from neuro.wire import DEFAULT_MASTER, load_token
 from worker.cli.pinning import allowed_cpus
 from worker.fanout import ENVS_PER_CPU
@@ -36,8 +37,8 @@ class WorkerSettings:
     """What plays paper-protocol Atari: "vector", ale-py's C++ vector env; "gym", gymnasium
     wrappers."""
     inference_engine: str
-    """"onnxruntime" or "torch": what runs the Atari net's float32, int8 and int8-static
-    passes."""
+    """The inference engine preferred for the policies' forward pass; a policy it does not
+    serve runs on the next one, in the table's order, that does."""
     stats_file: str | None
     torch_threads: int
     noise_cache: str | None
@@ -137,10 +138,10 @@ def worker_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--inference-engine",
         default=None,
-        help="what runs the Atari net's float32, int8 and int8-static forward pass on a CPU: "
-        "onnxruntime "
-        "(faster; the same numbers up to the order of sums) or torch; other nets and dtypes "
-        "run on torch (env NEURO_INFERENCE_ENGINE; default onnxruntime where it is installed)",
+        help=f"the inference engine to prefer for the policies' forward pass on a CPU, one of "
+        f"{', '.join(INFERENCE_ENGINES)}; a policy whose net or dtype it does not serve runs on "
+        "the next of those that does, as the worker logs (env NEURO_INFERENCE_ENGINE; default: "
+        "the first of them that runs here)",
     )
     parser.add_argument(
         "--cpu",

@@ -71,8 +71,9 @@ class Presence:
                 except grpc.RpcError as error:
                     if self._stop.is_set() or error.code() in _FINAL:
                         return
-                if held.run_complete:
-                    return
+                with held.wake:
+                    if held.run_complete:
+                        return
                 backoff = back_off(self._stop, backoff)
         finally:
             channel.close()

@@ -1,10 +1,10 @@
 """WorkerClient: lease tasks, run them, report; heartbeat while running; hand back on stop.
 
-Two threads: the main thread plays episodes (torch and ALE release the GIL), a link thread
-talks to the master (link.py: lease ahead, report, heartbeat, reconnect with backoff); a third
-holds the worker's presence open (presence.py). They share what the worker holds (held.py)
-under one Condition. Nothing of the run lives here, so a worker can be killed at any moment and
-the master re-issues its tasks.
+Three threads: the main thread plays episodes (torch and ALE release the GIL), a link thread
+talks to the master (link.py: lease ahead, report, heartbeat, reconnect with backoff), and a
+presence thread holds an Attach call open (presence.py). They share what the worker holds
+(held.py) under one Condition. Nothing of the run lives here, so a worker can be killed at any
+moment and the master re-issues its tasks.
 """
 
 from __future__ import annotations
