@@ -43,13 +43,14 @@ The simulation checks its own bookkeeping each generation: every task gets exact
 ACCEPTED result, none is recorded as failed (NaN), and no accepted result came from a worker
 after its death.
 
-Reproduce bench/results/fleet-sim.json (under a minute of one core's time):
+Reproduce bench/results/fleet-sim-virtual-<date>.json (under a minute of one core's time; the
+figures depend on the seeds and the recorded episode lengths, not on the machine):
 
-    python bench/fleet_sim.py --json bench/results/fleet-sim.json
+    python -m bench.fleet_sim --json bench/results/fleet-sim-virtual-<date>.json
 
 and the episode lengths it reads (several minutes: it plays 250 Frostbite episodes):
 
-    python bench/fleet_sim.py --record-episodes 200 \
+    python -m bench.fleet_sim --record-episodes 200 \
         --json bench/results/frostbite-episode-steps.json
 """
 
@@ -57,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
 import heapq
 import itertools
@@ -65,7 +65,6 @@ import json
 import math
 import random
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,17 +72,11 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench.common import EPISODE_STEPS, REPO, TRAINED_GENOME, provenance, write_json
 from master.algorithms.base import EvaluationRequest
 from master.fleet.leases import Disposition, LeaseTable, PhaseTask
 from master.fleet.scheduler import IDLE_POLLS_PER_S, FleetSettings, split_into_tasks
 from neuro.genome import Genome
-
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
-GENOME_FILE = RESULTS / "frostbite-best-genome.json"
-EPISODES_FILE = RESULTS / "frostbite-episode-steps.json"
 
 STEP_MS = 1.03
 """One int8-static offspring agent step on one core (docs/performance.md)."""
@@ -464,7 +457,7 @@ def record_episodes(
     from worker.offline.replay import load_genome_file
     from worker.runners.per_genome import PerGenomeRunner
 
-    trained = load_genome_file(GENOME_FILE)
+    trained = load_genome_file(TRAINED_GENOME)
     base = dataclasses.replace(trained, inference_dtype=dtype, episodes=1,
                                max_episode_steps=max_episode_steps)  # fmt: skip
     evaluator = Evaluator(atari_backend="vector")
@@ -496,7 +489,7 @@ def record_episodes(
     wall = time.perf_counter() - started
     return {
         "what": "agent steps of one-episode Frostbite evaluations, for bench/fleet_sim.py",
-        "genome": str(GENOME_FILE.relative_to(REPO)),
+        "genome": str(TRAINED_GENOME.relative_to(REPO)),
         "offspring_are": "the genome's seeds plus one random seed each (a GA offspring)",
         "elite_are": "the genome itself, one episode per env seed",
         "inference_dtype": dtype,
@@ -626,7 +619,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--victims", choices=(NEEDED, ANY), default=NEEDED,
                         help="who dies: a worker running a task still needed, or any")  # fmt: skip
-    parser.add_argument("--episodes-file", default=str(EPISODES_FILE))
+    parser.add_argument("--episodes-file", default=str(EPISODE_STEPS))
     parser.add_argument(
         "--record-episodes",
         type=int,
@@ -638,8 +631,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--inference-dtype", default="int8-static")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    command = "python bench/fleet_sim.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    today = datetime.date.today().isoformat()
+    made = provenance(__file__, argv)
 
     if args.record_episodes:
         result = record_episodes(
@@ -649,14 +641,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.max_episode_steps,
             args.inference_dtype,
         )
-        result = {"command": command, "date": today, **result}
+        result = {**made, **result}
         for kind in ("offspring", "elite"):
             s = result[kind]
             print(f"{kind}: {s['episodes']} episodes, steps mean {s['mean']} median "
                   f"{s['median']} p95 {s['p95']} max {s['max']}")  # fmt: skip
         print(f"recorded in {result['wall_s']} s")
         if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+            write_json(args.json, result)
         return result
 
     if args.deaths[0] != 0:
@@ -673,8 +665,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{check['vs_no_deaths']:.3f}x the generation without deaths")  # fmt: skip
     print(f"simulated in {wall:.0f} s ({cpu:.0f} s of CPU)")
     result = {
-        "command": command,
-        "date": today,
+        **made,
         "what": __doc__.split("\n\n")[0].replace("\n", " "),
         "settings": {
             "offspring_tasks": args.offspring,
@@ -704,7 +695,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "cpu_s": round(cpu, 1),
     }
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return result
 
 

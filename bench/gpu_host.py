@@ -19,7 +19,7 @@ bounded in time; a stage that fails (a dead worker, a master error, a timeout) e
 with exit code 1 and the JSON naming the stage and the reason, with what was measured before.
 
     # a 16-core host with one H100: about 5 minutes
-    python -m bench.gpu_host --json bench/results/gpu-host-xeon-avx512-16core-h100-DATE.json
+    python -m bench.gpu_host --json bench/results/gpu-host-<machine>-<date>.json
     # tiny, on a CPU (the tests run this)
     python -m bench.gpu_host --device cpu --envs 4 --population 6 --emulator-seconds 0.5 ...
 """

@@ -40,7 +40,7 @@ from worker.inference.int8_static import quantised_rows
 from worker.play.envs import VECTOR
 from worker.runners.per_genome import PerGenomeRunner
 
-STUDY = RESULTS / "learning-parity"
+STUDY = RESULTS / "learning-parity-runs-xeon-avx512-2core-2026-11-27"
 FROSTBITE_ACTIONS = 18
 SIGMA = 0.002
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
             "frostbite-int8-static-seed1.json",
             "frostbite-int8-static-seed5.json",
         ],
-        help="study run files (in bench/results/learning-parity) whose final elites are parents",
+        help="study run files (in --study-dir) whose final elites are parents",
     )
     parser.add_argument("--offspring", type=int, default=40)
     parser.add_argument("--env-seed", type=int, default=7)

@@ -12,12 +12,13 @@ In one run, on the same cores (W = --workers, one pinned process per core):
   floor     emulator ms per step + max(bytes / bandwidth, FLOPs / peak), both measured here;
   cost      core-hours (and dollars at --price) per 1B frames, idle and loaded.
 
-    python -m bench.throughput --json bench/results/throughput.json
+    python -m bench.throughput --json bench/results/throughput-float32-<machine>-<date>.json
     python -m bench.throughput --inference-dtype float32 bfloat16 \
-        --worker-arg=--atari-backend --worker-arg=vector --json bench/results/throughput.json
+        --worker-arg=--atari-backend --worker-arg=vector \
+        --json bench/results/throughput-float32-bfloat16-<machine>-<date>.json
     # a GPU host: one batched worker with 256 env slots against the 16-process ceiling
     python -m bench.throughput --workers 16 --batched-envs 256 --device cuda --population 1000 \
-        --json bench/results/throughput-gpu.json
+        --json bench/results/throughput-float32-batched-cuda-<machine>-<date>.json
 """
 
 from __future__ import annotations

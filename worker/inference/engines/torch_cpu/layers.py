@@ -195,8 +195,8 @@ class FusedConv2dReLU(nn.Conv2d):
         bfloat16 convolutions in float32, so the outputs are a bfloat16 layer's up to the
         order of the sums. That order can move a rounding to bfloat16 by one step, and so,
         rarely, a greedy action: on AVX2, actions agree with float32's as often as on AVX-512
-        (bench/results/inference-dtype-avx2.json), but not step for step with an AVX-512
-        worker's."""
+        (bench/results/inference-dtype-epyc-avx2-2core-2026-11-26.json), but not step for step
+        with an AVX-512 worker's."""
         self._packed: Any = None
 
     def pack(self) -> None:
