@@ -75,7 +75,8 @@ import numpy as np
 from bench.common import EPISODE_STEPS, REPO, TRAINED_GENOME, provenance, write_json
 from master.algorithms.base import EvaluationRequest
 from master.fleet.leases import Disposition, LeaseTable, PhaseTask
-from master.fleet.scheduler import IDLE_POLLS_PER_S, FleetSettings, split_into_tasks
+from master.fleet.pacing import IDLE_POLLS_PER_S
+from master.fleet.phases import FleetSettings, split_into_tasks
 from neuro.genome import Genome
 
 STEP_MS = 1.03
@@ -450,7 +451,7 @@ def record_episodes(
 ) -> dict[str, Any]:
     """Plays offspring of the trained Frostbite genome and the genome itself, as a worker does,
     and returns each episode's agent steps."""
-    from master.fleet.scheduler import env_seed_for
+    from master.fleet.phases import env_seed_for
     from neuro.envs.make import PAPER_FRAME_SKIP
     from neuro.genome import SEED_BOUND
     from worker.evaluation.evaluator import Evaluator

@@ -384,6 +384,15 @@ class LeaseTable:
         record = self._records.get(task_id)
         return record.lease.worker_id if record and record.lease else None
 
+    def leased_to(self, worker_id: str) -> list[str]:
+        """The tasks whose lease (not a backup copy) this worker holds, by task id."""
+        records = self._records
+        return sorted(
+            task_id
+            for task_id in self._held.get(worker_id, ())
+            if (lease := records[task_id].lease) is not None and lease.worker_id == worker_id
+        )
+
     def backup_holder(self, task_id: str) -> str | None:
         """Who runs the task's backup copy, if one runs."""
         record = self._records.get(task_id)

@@ -1,8 +1,9 @@
 """The fleet's workers as the master knows them: contacts, work accepted, rate, leases held.
 
 What Status and /metrics report of workers comes from here (WorkerStats); the Fleet
-(master.fleet.scheduler) tells the roster of every call it answers. Pure bookkeeping: time
-comes in as an argument.
+(master.fleet.fleet) tells the roster of every call it answers, and its phase loop
+(master.fleet.phases) of the leases each worker holds. Pure bookkeeping: time comes in as an
+argument.
 """
 
 from __future__ import annotations

@@ -15,9 +15,11 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from master.fleet.fleet import Fleet
 from master.fleet.leases import Disposition
+from master.fleet.phases import TaskOutcome
+from master.fleet.presence import MAX_ATTACHED
 from master.fleet.roster import WorkerStats
-from master.fleet.scheduler import MAX_ATTACHED, Fleet, TaskOutcome
 from master.fleet.tasks import TaskTemplate
 from neuro.observation_stats import ObservationStats
 from neuro.v1 import evolution_pb2 as pb

@@ -23,7 +23,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from master.algorithms import registry
 from master.config import RunConfig
 from master.fleet.auth import TokenInterceptor
-from master.fleet.scheduler import Fleet, FleetSettings
+from master.fleet.fleet import Fleet
+from master.fleet.phases import FleetSettings
 from master.fleet.service import (
     MAX_REQUEST_BYTES,
     PRESENCE_OPTIONS,

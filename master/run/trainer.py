@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from master.algorithms.base import OFFSPRING, Algorithm, GenerationSummary
-from master.fleet.scheduler import Fleet, PhaseOutcome, TaskExtras
+from master.fleet.fleet import Fleet
+from master.fleet.phases import PhaseOutcome, TaskExtras
 from master.observe.events import GenerationRecord, Observer, RunSnapshot
 from master.run.checkpoint import ALGORITHM, save_checkpoint, save_sidecar
 from master.run.rundir import RunDirectory
@@ -88,7 +89,7 @@ class Trainer:
         self.evaluations = trainer["evaluations"]
         self._started = self.clock() - trainer["wall_s"]
         self._generation_start = tuple(trainer["generation_start"])
-        self.fleet.reissued_total = trainer["leases_reissued"]
+        self.fleet.restore_counters(leases_reissued=trainer["leases_reissued"])
         self._recorded = {
             task_id: ([math.nan if r is None else r for r in returns], frames)
             for task_id, (returns, frames) in payload["phase_recorded"].items()
@@ -170,7 +171,7 @@ class Trainer:
         try:
             while not self._budget_spent():
                 await self._generation()
-            self.fleet.run_complete = True
+            self.fleet.complete_run()
         finally:
             periodic.cancel()
             try:
@@ -297,7 +298,8 @@ class Trainer:
 
     def snapshot(self, workers: bool = False) -> RunSnapshot:
         """Where the run stands right now; with `workers`, the per-worker table too."""
-        counters = self.fleet.counters()
+        fleet = self.fleet.figures(workers)
+        counters = fleet.counters
         elite = self.algorithm.elite
         return RunSnapshot(
             run_id=self.fleet.settings.run_id,
@@ -311,12 +313,12 @@ class Trainer:
             tasks_pending=counters.pending,
             tasks_leased=counters.leased,
             tasks_done=counters.done,
-            workers=self.fleet.workers_connected(),
+            workers=fleet.workers,
             leases_reissued=counters.reissued,
-            run_complete=self.fleet.run_complete,
+            run_complete=fleet.run_complete,
             wall_s=self.wall_s(),
             last_record=self.records[-1] if self.records else None,
-            worker_status=tuple(self.fleet.worker_stats()) if workers else (),
+            worker_status=fleet.worker_stats,
         )
 
 

@@ -96,8 +96,7 @@ async def _train_with_a_worker_killed(tmp_path: Path) -> tuple[list, list[int], 
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not training.done():
-                table = fleet._table
-                held = [t for t in (table._leased if table else ()) if table.holder(t) == "victim"]
+                held = fleet.tasks_leased_to("victim")
                 if live.trainer.algorithm.generation == 1 and held:
                     killed_holding = len(held)
                     os.kill(workers[0].pid, signal.SIGKILL)

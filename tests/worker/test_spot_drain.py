@@ -330,10 +330,7 @@ async def _drain_on_a_notice(live: LiveMaster, imds: FakeIMDS, tmp_path: Path) -
     try:
 
         def first_holds_elite_task() -> bool:
-            table = fleet._table
-            return bool(table) and any(
-                "/e/" in t and table.holder(t) == "spot-a" for t in table._leased
-            )
+            return any("/e/" in t for t in fleet.tasks_leased_to("spot-a"))
 
         deadline = time.monotonic() + 60
         while not first_holds_elite_task():

@@ -34,10 +34,7 @@ async def _sigterm_mid_task(tmp_path: Path) -> dict:
         try:
 
             def first_holds_elite_tasks() -> bool:
-                table = fleet._table
-                return bool(table) and any(
-                    "/e/" in t and table.holder(t) == "first" for t in table._leased
-                )
+                return any("/e/" in t for t in fleet.tasks_leased_to("first"))
 
             await wait_for(first_holds_elite_tasks, 60, "the worker to lease an elite task")
             await asyncio.sleep(0.3)  # well inside a 300-episode task
@@ -78,10 +75,7 @@ async def _sigkill_mid_task(tmp_path: Path) -> dict:
         try:
 
             def first_holds_elite_tasks() -> bool:
-                table = fleet._table
-                return bool(table) and any(
-                    "/e/" in t and table.holder(t) == "first" for t in table._leased
-                )
+                return any("/e/" in t for t in fleet.tasks_leased_to("first"))
 
             await wait_for(first_holds_elite_tasks, 60, "the worker to lease an elite task")
             await wait_for(lambda: fleet.workers_attached() == 1, 10, "the worker's presence")

@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from master.algorithms.ga import EvaluationRequest, Genome
 from master.fleet.leases import Disposition, LeaseCounters, LeaseTable
-from master.fleet.scheduler import FleetSettings, split_into_tasks
+from master.fleet.phases import FleetSettings, split_into_tasks
 
 LEASE_S = 10.0
 GENOME = Genome((1,))

@@ -20,15 +20,11 @@ import numpy as np
 import pytest
 
 from master.algorithms.ga import EvaluationRequest, Genome
+from master.fleet.fleet import Fleet
 from master.fleet.leases import Disposition
+from master.fleet.pacing import IDLE_POLLS_PER_S
+from master.fleet.phases import FleetSettings, PhaseOutcome, TaskOutcome
 from master.fleet.roster import WorkerRoster
-from master.fleet.scheduler import (
-    IDLE_POLLS_PER_S,
-    Fleet,
-    FleetSettings,
-    PhaseOutcome,
-    TaskOutcome,
-)
 from master.observe.status import format_status
 from neuro.observation_stats import ObservationStats
 from neuro.v1 import evolution_pb2 as pb
@@ -130,7 +126,7 @@ def test_who_may_report_stays_bounded_through_lease_and_release_cycles() -> None
         assert ACCEPTED not in fleet.report_many("cycler-7", [done("k0/0", 1e300)])
         [task] = fleet.lease("holder", 1)
         assert fleet.report_many("holder", [done(task.task_id, 2.0)]) == [ACCEPTED]
-        record = fleet._table._records["k0/0"]  # type: ignore[union-attr]
+        record = fleet._phases.table._records["k0/0"]  # type: ignore[union-attr]
         assert len(record.holders) <= fleet.settings.max_attempts
 
     run_phase(scenario, tasks=1)
@@ -250,11 +246,11 @@ def test_heartbeat_never_hands_out_a_task_the_caller_did_not_hold() -> None:
         [released, failing, lapsing] = fleet.lease("w", 3)
         # A heartbeat neither takes a pending task (k3) nor another worker's (k0).
         assert fleet.heartbeat("intruder", ["k3/0", "k0/0"]) == ["k3/0", "k0/0"]
-        assert fleet.counters().leased == 3 and fleet._table.holder("k0/0") == "w"
+        assert fleet.counters().leased == 3 and fleet._phases.table.holder("k0/0") == "w"
         fleet.release("w", [released.task_id])
         fleet.report_many("w", [failed(failing.task_id)])
         clock.now = LEASE_S + 1
-        fleet._expire()
+        fleet._phases.expire()
         # Only the worker whose lease just lapsed may take its task back (it is still on it).
         dropped = fleet.heartbeat("w", [released.task_id, failing.task_id, lapsing.task_id])
         assert dropped == [released.task_id, failing.task_id]
@@ -262,7 +258,7 @@ def test_heartbeat_never_hands_out_a_task_the_caller_did_not_hold() -> None:
         # get a backup copy of it, never its lease).
         honest = {t.task_id for i in range(3) for t in fleet.lease(f"honest{i}", 8)}
         assert lapsing.task_id == "k2/0" and honest - {"k2/0"} == {"k0/0", "k1/0", "k3/0"}
-        assert fleet._table.holder("k2/0") == "w"
+        assert fleet._phases.table.holder("k2/0") == "w"
 
     run_phase(scenario, tasks=4)
 
@@ -279,7 +275,7 @@ def test_error_text_is_bounded_few_are_kept_and_they_are_logged(
         for i in range(40):
             [task] = fleet.lease(f"w{i}", 1)
             assert fleet.report_many(f"w{i}", [failed(task.task_id, huge)]) == [ACCEPTED]
-        errors = fleet._table.errors("k0/0")  # type: ignore[union-attr]
+        errors = fleet._phases.table.errors("k0/0")  # type: ignore[union-attr]
         assert 1 <= len(errors) <= 8
         assert all(len(error) <= ERROR_CHARS for error in errors)
 
@@ -417,12 +413,12 @@ def test_heartbeats_in_a_tight_loop_do_not_grow_the_lease_bookkeeping() -> None:
         for step in range(10_000):
             clock.now = step * 1e-4  # one second of heartbeats, 10,000 a second
             assert fleet.heartbeat("w", [task.task_id]) == []
-        table = fleet._table
+        table = fleet._phases.table
         assert table is not None and len(table._deadlines) <= 2 + 1 / (0.1 * LEASE_S)
         clock.now = 2.0
         fleet.heartbeat("w", [task.task_id])  # a heartbeat at the usual pace still extends
         clock.now = LEASE_S + 1.0
-        fleet._expire()
+        fleet._phases.expire()
         assert table.holder(task.task_id) == "w"
 
     run_phase(scenario, tasks=1)
@@ -432,7 +428,7 @@ def test_the_master_waits_only_for_workers_not_yet_told_and_only_for_a_while() -
     ticks = iter(range(10**6))
     fleet = Fleet(FleetSettings(run_id="r", run_seed=1, lease_seconds=8.0), lambda: next(ticks))
     fleet.lease("told", 1)
-    fleet.run_complete = True
+    fleet.complete_run()
     assert fleet.tell_complete("told")
     asyncio.run(asyncio.wait_for(fleet.linger(poll_s=0), 1.0))  # nobody left to tell
     started = next(ticks)

@@ -79,7 +79,7 @@ async def _told_over_presence(tmp_path) -> bool:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{live.port}") as channel:
             call = pb_grpc.EvolutionStub(channel).Attach(_request(0))
             await asyncio.wait_for(call.initial_metadata(), 10)
-            fleet.run_complete = True
+            fleet.complete_run()
             update = await asyncio.wait_for(call.read(), 10)
             assert update.run_complete
             # Heard, so the worker leaves without another call, hanging up; the master's

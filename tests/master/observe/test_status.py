@@ -28,8 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from master import cli
 from master.algorithms.ga import EvaluationRequest, Genome
+from master.fleet.fleet import Fleet
+from master.fleet.phases import FleetSettings, TaskOutcome
 from master.fleet.roster import WorkerRoster
-from master.fleet.scheduler import Fleet, FleetSettings, TaskOutcome
 from master.observe import status as status_cli
 from master.observe.events import RunSnapshot
 from master.observe.prometheus import StatusCollector, start_metrics_server

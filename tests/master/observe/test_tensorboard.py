@@ -12,7 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from master.algorithms.ga import GeneticAlgorithm
 from master.config import inspect_env_id, preset
-from master.fleet.scheduler import Fleet, FleetSettings
+from master.fleet.fleet import Fleet
+from master.fleet.phases import FleetSettings
 from master.observe.progress import GenerationStats
 from master.observe.tensorboard import (
     TensorBoardObserver,

@@ -15,7 +15,8 @@ import boto3
 import pytest
 
 from master.algorithms.ga import EvaluationRequest, Genome
-from master.fleet.scheduler import Fleet, FleetSettings, TaskOutcome
+from master.fleet.fleet import Fleet
+from master.fleet.phases import FleetSettings, TaskOutcome
 from master.run.s3_mirror import MirrorLoop, RunDirMirror
 
 WAIT_S = 10.0

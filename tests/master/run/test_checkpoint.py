@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from master.config import RunConfig, inspect_env_id, preset
-from master.fleet.scheduler import TaskOutcome
+from master.fleet.phases import TaskOutcome
 from master.run.checkpoint import (
     CURRENT,
     PREVIOUS,

@@ -175,13 +175,12 @@ def thread_cpus(pid: int) -> dict[int, str]:
 
 async def _pinned_worker_threads(tmp_path: Path, cpu: int) -> dict[int, str]:
     async with live_master(long_elite_tasks(lease_seconds=60.0), tmp_path / "run") as live:
-        table_of = lambda: live.trainer.fleet._table  # noqa: E731
+        fleet = live.trainer.fleet
         worker = spawn_worker(live.port, "pinned", "--cpu", str(cpu))
         try:
             deadline = time.monotonic() + 60
             # Holding a lease: its gRPC channel, started after the pinning, is up.
-            while not (table_of() and any(table_of().holder(t) == "pinned"
-                                          for t in table_of()._leased)):  # fmt: skip
+            while not fleet.tasks_leased_to("pinned"):
                 assert worker.poll() is None, "the pinned worker exited"
                 assert time.monotonic() < deadline, "the pinned worker never leased a task"
                 await asyncio.sleep(0.05)

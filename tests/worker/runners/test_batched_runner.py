@@ -160,8 +160,7 @@ async def _sigterm_with_many_tasks_in_flight(tmp_path: Path) -> dict:
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                table = fleet._table
-                held = [t for t in table._leased if table.holder(t) == "batched"] if table else []
+                held = fleet.tasks_leased_to("batched")
                 if sum("/e/" in t for t in held) >= 4:
                     break
                 await asyncio.sleep(0.02)
@@ -201,7 +200,7 @@ async def _batched_worker_joins_an_int8_run(tmp_path: Path) -> dict:
         try:
             _, stderr = await asyncio.to_thread(worker.communicate, timeout=60)
             counters = fleet.counters()
-            table = fleet._table
+            table = fleet._phases.table
             attempts = [r.attempts for r in table._records.values()] if table else []
             return {"exit": worker.returncode, "stderr": stderr, "counters": counters,
                     "attempts": attempts}  # fmt: skip
