@@ -139,7 +139,30 @@ class Trainer:
             return payload, None
         return payload, (self.algorithm.generation, arrays)
 
-    def _write_checkpoint(self, payload: dict[str, Any], sidecar: tuple[int, Any] | None) -> None:
+    async def _save(self, first: Callable[[], None] | None = None) -> asyncio.Future[None]:
+        """Starts writing the run's checkpoint (after `first`'s files); returns the write.
+
+        The one way a checkpoint is saved. The files are written and fsynced on a thread, so a
+        slow disk stalls no worker's call; one write at a time keeps them in order. Observers
+        hear `checkpointed` once the write is done.
+        """
+        payload, sidecar = self._checkpoint_contents()
+        await self._saved()
+        saving = asyncio.ensure_future(
+            asyncio.to_thread(self._write_checkpoint, payload, sidecar, first)
+        )
+        saving.add_done_callback(self._checkpoint_written)
+        self._saving = saving
+        return saving
+
+    def _write_checkpoint(
+        self,
+        payload: dict[str, Any],
+        sidecar: tuple[int, Any] | None,
+        first: Callable[[], None] | None = None,
+    ) -> None:
+        if first is not None:
+            first()
         # The sidecar goes first: a checkpoint on disk never names arrays that are not.
         if sidecar is not None:
             payload = {**payload, "sidecar": save_sidecar(self.run_dir.path, *sidecar)}
@@ -147,12 +170,7 @@ class Trainer:
 
     async def checkpoint(self) -> None:
         """Writes a checkpoint now (after any file still being written)."""
-        payload, sidecar = self._checkpoint_contents()
-        await self._saved()
-        self._saving = asyncio.ensure_future(
-            asyncio.to_thread(self._write_checkpoint, payload, sidecar)
-        )
-        self._saving.add_done_callback(self._checkpoint_written)
+        await self._save()
         await self._saved()
 
     async def _checkpoint_periodically(self) -> None:
@@ -214,32 +232,21 @@ class Trainer:
             document.update(
                 generation=summary.generation, elite_score=_json_float(summary.elite_score)
             )
-        # The files are written and fsynced on a thread while the next generation runs, so a
-        # slow disk stalls no worker's call; one write at a time keeps them in order.
-        payload, sidecar = self._checkpoint_contents()
-        await self._saved()
-        self._saving = asyncio.ensure_future(
-            asyncio.to_thread(self._save, record, document, summary.elite_score, payload, sidecar)
-        )
-        self._saving.add_done_callback(self._checkpoint_written)
+        # Written while the next generation runs.
+        files = functools.partial(self._write_generation, record, document, summary.elite_score)
+        saving = await self._save(first=files)
         # Observers hear of a generation once its checkpoint is on disk: what they write (e.g.
         # TensorBoard steps) then belongs to a generation a resumed run never plays again.
-        self._saving.add_done_callback(functools.partial(self._generation_saved, record))
+        saving.add_done_callback(functools.partial(self._generation_saved, record))
 
-    def _save(
-        self,
-        record: GenerationRecord,
-        elite: dict[str, Any] | None,
-        score: float,
-        checkpoint: dict[str, Any],
-        sidecar: tuple[int, Any] | None = None,
+    def _write_generation(
+        self, record: GenerationRecord, elite: dict[str, Any] | None, score: float
     ) -> None:
         # Metrics before the checkpoint: a crash in between leaves a metrics line the
         # resumed run drops (it truncates metrics.jsonl to the checkpoint's generation).
         self.run_dir.append_metrics(record)
         if elite is not None:
             self.run_dir.save_elite(elite, score)
-        self._write_checkpoint(checkpoint, sidecar)
 
     def _checkpoint_written(self, saving: asyncio.Future[None]) -> None:
         if not saving.cancelled() and not saving.exception():
