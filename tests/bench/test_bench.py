@@ -213,7 +213,7 @@ def test_fleet_simulation_at_a_tiny_size(tmp_path: Path) -> None:
     """Virtual time: the figures depend on the seeds and the recorded episode lengths only,
     not on how fast this machine runs."""
     result = run_bench("fleet_sim.py", "--workers", "20", "--generations", "1",
-                       "--offspring", "50", "--elite", "2x5", out=tmp_path / "f.json")  # fmt: skip
+                       "--offspring", "50", "--elite", "2x5", out=tmp_path / "f")  # fmt: skip
     rows = {(r["workers"], r["deaths_per_generation"], r["mode"], r["detect_s"]): r
             for r in result["runs"]}  # fmt: skip
     modes = [("before", None), ("after", 1.0), ("after", 20.0)]
@@ -236,3 +236,19 @@ def test_fleet_simulation_at_a_tiny_size(tmp_path: Path) -> None:
     assert rows[(20, 1, "before", None)]["generation_s"] > lease_s
     assert rows[(20, 1, "before", None)]["reissued"] >= 1
     assert rows[(20, 0, "after", None)]["backups_granted"] > 0
+
+
+def test_random_play_at_a_tiny_size_records_how_it_was_made(tmp_path: Path) -> None:
+    result = run_bench("random_play.py", "--episodes", "2", "--max-episode-steps", "30",
+                       out=tmp_path / "r.json")  # fmt: skip
+    assert result["episodes"] == 2 and result["min"] <= result["mean"] <= result["max"]
+    # Every benchmark's JSON says how it was made (bench/common.py's provenance).
+    assert result["command"].startswith("python -m bench.random_play --episodes 2")
+    assert result["revision"] and len(result["date"]) == len("2026-11-28")
+
+
+def test_batched_forward_at_a_tiny_size(tmp_path: Path) -> None:
+    result = run_bench("batched_forward.py", "--arch", "mlp", "--device", "cpu", "--repeats", "1",
+                       "--batches", "1", "3", "--threads", "1", out=tmp_path / "f")  # fmt: skip
+    assert set(result["ms_per_step"]) == {"1", "3"}
+    assert all(ms > 0 for row in result["ms_per_step"].values() for ms in row.values())
