@@ -173,6 +173,11 @@ class LeaseTable:
         return self._done == len(self._records)
 
     @property
+    def pending(self) -> int:
+        """Tasks waiting to be leased."""
+        return self._pending_count
+
+    @property
     def counters(self) -> LeaseCounters:
         return LeaseCounters(self._pending_count, len(self._leased), self._done, self.reissued)
 
@@ -182,7 +187,12 @@ class LeaseTable:
                            self.workers_lost)  # fmt: skip
 
     def lease(
-        self, worker_id: str, max_tasks: int, now: float, fleet_slots: int = 0
+        self,
+        worker_id: str,
+        max_tasks: int,
+        now: float,
+        fleet_slots: int = 0,
+        backups: bool = True,
     ) -> list[PhaseTask]:
         """Hands out up to max_tasks pending tasks; lapsed leases are re-issued first.
 
@@ -190,7 +200,9 @@ class LeaseTable:
         unknown). No worker takes more than its share of what is pending, in proportion to what
         it asks for: with as many one-task workers as tasks, each gets one and none holds a
         second behind its running one while another sits idle; a GPU host that asks for 256
-        among CPU workers that ask for 2 still gets its 256."""
+        among CPU workers that ask for 2 still gets its 256. `backups` False: no backup copy
+        in this call, whatever the table's own setting (a caller that leases several tables
+        hands out backups only once none of them has anything pending)."""
         self.expire(now)
         if fleet_slots > 0:
             share = -(-self._pending_count * max_tasks // max(fleet_slots, max_tasks))
@@ -213,13 +225,25 @@ class LeaseTable:
         self._pending_count -= len(granted)
         if granted:
             self.last_fresh_lease = now
-        elif self.backups and not self._pending_count and not self._held.get(worker_id):
-            # Nothing left to hand out and this worker idles: a second copy of the longest
-            # running tasks, so that a dead or slow holder no longer decides when the phase ends.
-            wanted = min(max_tasks, BACKUPS_PER_LEASE)
-            return [record.task for record in self._grant_backups(worker_id, wanted, now)]
+        elif backups:
+            return self._lease_backups(worker_id, max_tasks, now)
         self._grant(granted, worker_id, now)
         return [record.task for record in granted]
+
+    def lease_backups(self, worker_id: str, max_tasks: int, now: float) -> list[PhaseTask]:
+        """Backup copies only, by the end-of-phase rules lease() follows: none while a task is
+        pending, none to a worker that holds a task of this table, none when the table was made
+        without backups, at most BACKUPS_PER_LEASE per call."""
+        self.expire(now)
+        return self._lease_backups(worker_id, max_tasks, now)
+
+    def _lease_backups(self, worker_id: str, max_tasks: int, now: float) -> list[PhaseTask]:
+        if not self.backups or self._pending_count or self._held.get(worker_id):
+            return []
+        # Nothing left to hand out and this worker idles: a second copy of the longest running
+        # tasks, so that a dead or slow holder no longer decides when the phase ends.
+        wanted = min(max_tasks, BACKUPS_PER_LEASE)
+        return [record.task for record in self._grant_backups(worker_id, wanted, now)]
 
     def heartbeat(self, worker_id: str, task_ids: Iterable[str], now: float) -> list[str]:
         """Extends this worker's leases; returns the ids it should drop (done or not its own)."""

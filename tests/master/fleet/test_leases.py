@@ -261,6 +261,32 @@ def test_without_backups_an_idle_worker_waits():
     assert ids(t.lease("w2", 1, now=1.0)) == [] and t.tail.backups == 0
 
 
+def test_pending_counts_the_tasks_waiting_to_be_leased():
+    t = table(3)
+    assert t.pending == 3
+    t.lease("w1", 2, now=0.0)
+    assert t.pending == 1
+    t.release("w1", ["k0/0"])
+    assert t.pending == 2 == t.counters.pending
+
+
+def test_a_lease_without_backups_hands_out_no_copy_and_lease_backups_only_copies():
+    t = table(2)
+    assert ids(t.lease("w1", 1, now=0.0)) == ["k0/0"]
+    assert ids(t.lease_backups("w2", 1, now=0.5)) == []  # k1/0 is still pending
+    assert ids(t.lease("w2", 1, now=1.0, backups=False)) == ["k1/0"]  # pending tasks still go
+    assert ids(t.lease("w3", 1, now=2.0, backups=False)) == []  # but never a copy
+    assert t.tail.backups == 0
+    assert ids(t.lease_backups("w1", 1, now=2.0)) == []  # it holds a task of this table
+    assert ids(t.lease_backups("w3", 5, now=2.0)) == ["k0/0"]  # one per call, longest first
+    assert ids(t.lease_backups("w4", 5, now=2.0)) == ["k1/0"]
+    assert ids(t.lease_backups("w5", 5, now=2.0)) == []  # one copy per task
+    assert t.backup_holder("k0/0") == "w3" and t.tail.backups == 2
+    no_copies = LeaseTable(make_tasks({"k0": 1}), LEASE_S, 3, backups=False)
+    no_copies.lease("w1", 1, now=0.0)
+    assert ids(no_copies.lease_backups("w2", 1, now=1.0)) == []
+
+
 def test_a_gone_worker_loses_its_leases_at_once_and_its_late_result_still_counts():
     t = table(3)
     assert ids(t.lease("w1", 2, now=0.0)) == ["k0/0", "k1/0"]
