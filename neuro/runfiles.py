@@ -14,6 +14,8 @@ BEST_GENOME = "best_genome.json"
 ELITE_GENOME = "elite_genome.json"
 GENOMES = "genomes"
 """genomes/<sha256>.json: each distinct elite once, a whole genome document metrics.jsonl names."""
+FINAL_TEST = "final_test.json"
+"""The final elite's scores on fresh test episodes, played when the run's budget ends."""
 
 
 def seeds_sha256(seeds: Sequence[int]) -> str:
