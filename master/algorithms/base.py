@@ -143,6 +143,17 @@ class Algorithm(abc.ABC):
     def ask(self) -> list[EvaluationRequest]:
         """The evaluations the running phase needs; the same list until tell() is called."""
 
+    def ask_ahead(self) -> list[EvaluationRequest]:
+        """Requests of the NEXT phase already fixed before this phase's results are in.
+
+        After tell() of the running phase, ask() holds each of them unchanged (key, candidate,
+        episodes), so a fleet may play them while this phase still runs, at lower priority,
+        and hand their returns to the next tell(). The same list until tell(); [] where the
+        next phase depends on this one's results (the default: such an algorithm keeps the
+        barrier between phases).
+        """
+        return []
+
     @abc.abstractmethod
     def tell(
         self,

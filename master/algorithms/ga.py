@@ -110,6 +110,36 @@ class GASummary(GenerationSummary):
     elite_episode_scores: tuple[float, ...] = ()
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """The next generation's offspring but the carried elite, drawn when the offspring phase is
+    told: the elite phase decides which genome is carried, never these (the parents are the
+    offspring phase's top T), so they are the draws the end of the generation would make."""
+
+    picks: tuple[int, ...] | None
+    """Each child's parent, an index into GAState.parents; None: fresh initialisations."""
+    seeds: tuple[int, ...]
+    """Each child's new seed (a fresh initialisation's only one)."""
+    rng_state: dict[str, Any]
+    """The generator after these draws: the generation's end continues from it."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "picks": None if self.picks is None else list(self.picks),
+            "seeds": list(self.seeds),
+            "rng_state": self.rng_state,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Ahead:
+        picks = data["picks"]
+        return cls(
+            picks=None if picks is None else tuple(int(i) for i in picks),
+            seeds=tuple(int(seed) for seed in data["seeds"]),
+            rng_state=dict(data["rng_state"]),
+        )
+
+
 @dataclass
 class GAState:
     """Everything the GA needs to continue; plain data so it round-trips through JSON."""
@@ -123,9 +153,14 @@ class GAState:
     parents: list[Genome] = field(default_factory=list)
     elite: Genome | None = None
     elite_score: float = math.nan
+    ahead: Ahead | None = None
+    """ELITE phase only: the next offspring, already drawn (GeneticAlgorithm.ask_ahead). The
+    rest of the state is the barrier version's: rng_state is still the generator before those
+    draws, so a document without this key (an older checkpoint) continues identically."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-compatible form (NaN scores become None)."""
+        """JSON-compatible form (NaN scores become None; "ahead" only while there is one)."""
+        ahead = {} if self.ahead is None else {"ahead": self.ahead.to_dict()}
         return {
             "format": STATE_FORMAT,
             "generation": self.generation,
@@ -137,6 +172,7 @@ class GAState:
             "parents": [list(g.seeds) for g in self.parents],
             "elite": list(self.elite.seeds) if self.elite else None,
             "elite_score": _encode_float(self.elite_score),
+            **ahead,
         }
 
     @classmethod
@@ -146,6 +182,9 @@ class GAState:
         phase = data["phase"]
         if phase not in (OFFSPRING, ELITE):
             raise ValueError(f"unknown GA phase {phase!r}")
+        ahead = data.get("ahead")
+        if ahead is not None and phase != ELITE:
+            raise ValueError(f"a GA state in the {phase} phase holds no drawn offspring (ahead)")
         return cls(
             generation=int(data["generation"]),
             phase=phase,
@@ -156,6 +195,7 @@ class GAState:
             parents=[Genome(tuple(s)) for s in data["parents"]],
             elite=Genome(tuple(data["elite"])) if data["elite"] is not None else None,
             elite_score=_decode_float(data["elite_score"]),
+            ahead=None if ahead is None else Ahead.from_dict(ahead),
         )
 
 
@@ -166,6 +206,11 @@ class GeneticAlgorithm(Algorithm):
     the previous elite, unmodified). ELITE: the top K (or the previous elite and the top K-1)
     play E more episodes each; the best mean becomes the elite. Random search is truncation 0:
     every individual is a fresh initialisation.
+
+    The next generation's offspring but the carried elite depend on the offspring phase
+    alone: once a previous elite exists (so one genome is carried), they are drawn when the
+    offspring phase is told, and ask_ahead() offers them while the elite phase runs. The draws
+    are the barrier version's, in its order, so the run is the same bit for bit.
     """
 
     name = "ga"
@@ -180,6 +225,7 @@ class GeneticAlgorithm(Algorithm):
         else:
             self._rng.bit_generator.state = state.rng_state
         self.state = state
+        self._ahead_children = None if state.ahead is None else self._checked_ahead(state.ahead)
 
     @property
     def generation(self) -> int:
@@ -219,6 +265,15 @@ class GeneticAlgorithm(Algorithm):
             for i, genome in enumerate(self.state.candidates)
         ]
 
+    def ask_ahead(self) -> list[EvaluationRequest]:
+        """In the ELITE phase, the next generation's offspring but the carried elite (the first
+        N-1 of its ask(), same keys), once they are drawn; [] otherwise."""
+        children = self._ahead_children
+        if self.state.phase != ELITE or children is None:
+            return []
+        g = self.state.generation + 1
+        return [EvaluationRequest(f"g{g}/o/{i}", genome, 1) for i, genome in enumerate(children)]
+
     def tell(
         self,
         returns: Mapping[str, Sequence[float]],
@@ -233,6 +288,7 @@ class GeneticAlgorithm(Algorithm):
         check_returns(requests, returns)
         if self.state.phase == OFFSPRING:
             self._tell_offspring([float(returns[r.key][0]) for r in requests])
+            self._draw_ahead()
             return None
         return self._tell_elite([[float(x) for x in returns[r.key]] for r in requests])
 
@@ -278,7 +334,15 @@ class GeneticAlgorithm(Algorithm):
             elite_episode_scores=elite_episodes,
             evaluations=len(state.scores) + sum(len(s) for s in episode_scores),
         )
-        state.population = self._next_population()
+        if state.ahead is not None and self._ahead_children is not None:
+            # Drawn at the offspring phase's end; the elite, known now, is carried as always.
+            assert state.elite is not None, "offspring are drawn ahead only once an elite exists"
+            state.population = [*self._ahead_children, state.elite]
+            self._rng.bit_generator.state = state.ahead.rng_state
+        else:
+            state.population = self._next_population()
+        state.ahead = None
+        self._ahead_children = None
         state.scores = []
         state.candidates = []
         state.generation += 1
@@ -286,18 +350,56 @@ class GeneticAlgorithm(Algorithm):
         state.rng_state = self._rng.bit_generator.state
         return summary
 
+    def _draw_ahead(self) -> None:
+        """The next offspring, drawn now where the elite phase cannot change them."""
+        if self.state.elite is None:
+            # The first generation may end with no elite to carry (every candidate failed):
+            # how many children to draw is known only at its end.
+            return
+        picks, seeds = self._draw_children(self.config.population_size - 1)
+        self.state.ahead = Ahead(picks, seeds, self._rng.bit_generator.state)
+        self._ahead_children = self._children(picks, seeds)
+
     def _next_population(self) -> list[Genome]:
         carried = [self.state.elite] if self.state.elite is not None else []
-        count = self.config.population_size - len(carried)
-        parents = self.state.parents
-        if self.config.truncation == 0 or not parents:
+        picks, seeds = self._draw_children(self.config.population_size - len(carried))
+        return self._children(picks, seeds) + carried
+
+    def _draw_children(self, count: int) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+        """`count` children's parents (None: fresh initialisations) and new seeds."""
+        if self.config.truncation == 0 or not self.state.parents:
             seeds = self._rng.integers(SEED_BOUND, size=count, dtype=np.uint64).tolist()
-            return [Genome((seed,)) for seed in seeds] + carried
+            return None, tuple(seeds)
         # Vectorised draws: per-child scalar calls would cost more than the rest of a
         # generation's bookkeeping.
-        picks = self._rng.integers(len(parents), size=count).tolist()
+        picks = self._rng.integers(len(self.state.parents), size=count).tolist()
         seeds = self._rng.integers(SEED_BOUND, size=count, dtype=np.uint64).tolist()
-        return [parents[i].child(seed) for i, seed in zip(picks, seeds, strict=True)] + carried
+        return tuple(picks), tuple(seeds)
+
+    def _children(self, picks: tuple[int, ...] | None, seeds: tuple[int, ...]) -> list[Genome]:
+        if picks is None:
+            return [Genome((seed,)) for seed in seeds]
+        parents = self.state.parents
+        return [parents[i].child(seed) for i, seed in zip(picks, seeds, strict=True)]
+
+    def _checked_ahead(self, ahead: Ahead) -> list[Genome]:
+        """The children a restored state's drawn offspring name; ValueError if they cannot be
+        this run's (another population size, a parent that does not exist)."""
+        state, count = self.state, self.config.population_size - 1
+        fresh = self.config.truncation == 0 or not state.parents
+        fits = (
+            state.elite is not None
+            and len(ahead.seeds) == count
+            and (ahead.picks is None) == fresh
+            and (ahead.picks is None or len(ahead.picks) == count)
+            and all(0 <= i < len(state.parents) for i in ahead.picks or ())
+        )
+        if not fits:
+            raise ValueError(
+                f"the GA state's drawn offspring (ahead: {len(ahead.seeds)} seeds) do not fit "
+                f"a population of {self.config.population_size} and {len(state.parents)} parents"
+            )
+        return self._children(ahead.picks, ahead.seeds)
 
     def _fresh_genome(self) -> Genome:
         return Genome((self._draw_seed(),))

@@ -164,6 +164,32 @@ def test_ask_is_stable_until_tell_and_no_key_is_asked_twice(entry, config) -> No
         tell(algorithm, answers(requests, rng))
 
 
+OVERLAPS = ("ga",)
+"""The entries whose ask_ahead() offers anything: the others keep the barrier between phases."""
+
+
+def test_what_is_asked_ahead_the_next_phase_asks_unchanged(entry, config) -> None:
+    """ask_ahead() is stable until tell(), survives a checkpoint, asks nothing the running
+    phase asks, and every request of it is in the next ask() as it was (key, candidate,
+    episodes), whatever the phase's returns were, failures included."""
+    algorithm = create_algorithm(config)
+    rng = np.random.default_rng(9)
+    seen = 0
+    for phase in range(4 * 2):
+        ahead = algorithm.ask_ahead()
+        assert algorithm.ask_ahead() == ahead
+        assert restored(config, algorithm).ask_ahead() == ahead
+        assert not {r.key for r in ahead} & {r.key for r in algorithm.ask()}
+        requests = algorithm.ask()
+        failed = [r.key for r in requests[::3]] if phase in (4, 5) else []
+        tell(algorithm, answers(requests, rng, failed))
+        asked = algorithm.ask()
+        for request in ahead:
+            assert request in asked, request.key
+        seen += len(ahead)
+    assert (seen > 0) == (entry.name in OVERLAPS), f"{entry.name} asked {seen} ahead"
+
+
 @pytest.mark.parametrize("fault", ["unknown", "missing", "too few", "too many"])
 def test_tell_refuses_keys_it_did_not_ask_for_and_changes_nothing(entry, config, fault) -> None:
     algorithm = create_algorithm(config)
