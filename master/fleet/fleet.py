@@ -121,11 +121,14 @@ class Fleet:
 
     def lease(self, worker_id: str, max_tasks: int) -> list[PhaseTask]:
         self._seen(worker_id)
-        if self._phases.table is None:
-            return []
         now = self._clock()
+        if self._phases.table is None or self.roster.held_off(worker_id, now):
+            # Held off: it failed every task it got lately while others' results counted.
+            return []
         fleet_slots = self._pacing.asked(worker_id, max_tasks, now)
-        return self._phases.lease(worker_id, max_tasks, now, fleet_slots)
+        # A task this worker failed goes to another that asked for work lately, if any.
+        workers = self._pacing.askers()
+        return self._phases.lease(worker_id, max_tasks, now, fleet_slots, workers)
 
     def retry_after_ms(self) -> int:
         """How long a worker that got no task waits before it asks again."""
@@ -139,7 +142,10 @@ class Fleet:
         """
         self._phases.check(outcomes)
         self._seen(worker_id)  # after validation: a refused report changes nothing
-        return self._phases.record(worker_id, outcomes)
+        dispositions = self._phases.record(worker_id, outcomes)
+        if self.roster.held_off(worker_id, self._clock()):
+            self._pacing.forget(worker_id)  # no longer one that can take a failed task
+        return dispositions
 
     def heartbeat(self, worker_id: str, task_ids: Iterable[str]) -> list[str]:
         """Extends this worker's leases; returns the ids it should drop."""
@@ -173,6 +179,7 @@ class Fleet:
         the worker is gone (its process killed, its host or network lost: a worker leaving
         in order handed its tasks back first, and then holds nothing)."""
         if self._presence.detach(worker_id, token):
+            self._pacing.forget(worker_id)
             self.worker_gone(worker_id)
 
     def worker_gone(self, worker_id: str) -> int:

@@ -8,6 +8,14 @@ with randomness of its own both results are valid samples of the same evaluation
 to arrive is the one recorded. A worker known to be gone (its connection closed: see
 master.fleet.service's Attach) loses its leases at once instead of when they lapse.
 
+One unhealthy worker (an out-of-memory GPU, a broken install) must not spend other workers'
+tasks: a task is not leased again, nor backed up, to a worker that failed it while another
+worker can take it, and a backup copy's failure spends none of the task's attempts. Only when
+every worker the caller knows of has failed a task is it retried on one of them, spending
+attempts, so that a one-worker run never stalls. A lost presence call spends no attempt
+either: the attempt is spent only if the task is leased again before its holder, alive after
+all, takes it back by heartbeat.
+
 Pure bookkeeping: time comes in as an argument, nothing here blocks or talks to the network.
 """
 
@@ -18,7 +26,7 @@ import heapq
 import itertools
 import math
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -79,12 +87,18 @@ class _Record:
     """Ticket of this task's live entry in the pending queue; 0 when it is not queued."""
     holders: tuple[str, ...] = ()
     """Workers it was leased to this phase and did not hand back: whose results count. One is
-    added by a lease after a lapse, a failure (each an attempt: at most max_attempts) or a gone
-    worker, and by a backup copy (one at a time, a new one only once a copy took over or was
-    dropped), so they stay few."""
+    added by a lease after a lapse, a failure or a gone worker (each at most max_attempts
+    times), and by a backup copy (one at a time, never to a worker that failed the task), so
+    they stay as few as the workers that tried it."""
+    failed_by: tuple[str, ...] = ()
+    """Workers that reported it failed, in order: it goes to them again only once no other
+    worker can take it."""
     lapsed_from: str | None = None
-    """The worker whose lease just lapsed, while the task waits to be leased again: a
-    heartbeat from it takes the task back rather than have it run twice."""
+    """The worker whose lease just lapsed or ended with its presence, while the task waits to
+    be leased again: a heartbeat from it takes the task back rather than have it run twice."""
+    loss_unspent: bool = False
+    """Its holder's presence ended and no attempt was spent for it: one is if the task is leased
+    again before that holder takes it back."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +207,7 @@ class LeaseTable:
         now: float,
         fleet_slots: int = 0,
         backups: bool = True,
+        workers: Collection[str] = (),
     ) -> list[PhaseTask]:
         """Hands out up to max_tasks pending tasks; lapsed leases are re-issued first.
 
@@ -202,7 +217,10 @@ class LeaseTable:
         second behind its running one while another sits idle; a GPU host that asks for 256
         among CPU workers that ask for 2 still gets its 256. `backups` False: no backup copy
         in this call, whatever the table's own setting (a caller that leases several tables
-        hands out backups only once none of them has anything pending)."""
+        hands out backups only once none of them has anything pending). `workers`: those the
+        caller could lease to (asking for work lately, none held off): a task this worker
+        failed is skipped while one of them, or a worker holding a task here, has not failed
+        it."""
         self.expire(now)
         if fleet_slots > 0:
             share = -(-self._pending_count * max_tasks // max(fleet_slots, max_tasks))
@@ -213,16 +231,24 @@ class LeaseTable:
             # tasks are left than workers holding leases, the next goes to one that holds none.
             return []
         granted: list[_Record] = []
+        skipped: list[tuple[str, int]] = []
         pending, records = self._pending, self._records
         while pending and len(granted) < max_tasks:
-            task_id, ticket = pending.popleft()
-            record = records[task_id]
-            if record.queued == ticket:
-                record.queued = 0
-                if worker_id not in record.holders:
-                    record.holders += (worker_id,)
-                granted.append(record)
-        self._pending_count -= len(granted)
+            entry = pending.popleft()
+            record = records[entry[0]]
+            if record.queued != entry[1]:
+                continue  # taken out of the queue since
+            if worker_id in record.failed_by and self._others_can_take(record, worker_id, workers):
+                skipped.append(entry)  # it stays at the front, for another worker
+                continue
+            record.queued = 0
+            self._pending_count -= 1
+            if record.loss_unspent and not self._spend_lost_attempt(record):
+                continue  # out of attempts: recorded as failed
+            if worker_id not in record.holders:
+                record.holders += (worker_id,)
+            granted.append(record)
+        pending.extendleft(reversed(skipped))
         if granted:
             self.last_fresh_lease = now
         elif backups:
@@ -275,23 +301,26 @@ class LeaseTable:
         return dropped
 
     def worker_gone(self, worker_id: str) -> int:
-        """Ends every lease of a worker known to be gone (its connection closed) as if each
-        had lapsed, and drops its backup copies; returns how many tasks it held.
+        """Ends every lease of a worker known to be gone (its connection closed) and drops its
+        backup copies; returns how many tasks it held.
 
-        Its tasks go to others at once; should it be alive after all, a heartbeat takes back
-        a task nobody took since, and a result of it still counts (it held the task)."""
+        Its tasks go to others at once (a backup copy running takes over), spending no attempt:
+        should it be alive after all (a presence call can end while its worker lives on), a
+        heartbeat takes back a task nobody took since, and a result of it still counts (it
+        held the task). The attempt is spent when the task is leased again."""
         held = sorted(self._held.get(worker_id, ()), reverse=True)
         for task_id in held:
             record = self._records[task_id]
             if record.backup is not None and record.backup.worker_id == worker_id:
                 self._drop_backup(record)
-            elif (
-                record.lease is not None
-                and record.lease.worker_id == worker_id
-                and self._retry_or_give_up(record)
-            ):
-                record.lapsed_from = worker_id
+            elif record.lease is not None and record.lease.worker_id == worker_id:
+                self._unlease(record)
                 self.reissued += 1
+                if record.backup is not None:
+                    self._promote_backup(record)
+                else:
+                    record.lapsed_from, record.loss_unspent = worker_id, True
+                    self._enqueue_front(record)
         if held:
             self.workers_lost += 1
         return len(held)
@@ -360,8 +389,10 @@ class LeaseTable:
         """A worker could not run the task: retry elsewhere, or record NaN after max_attempts.
 
         A worker's failure counts only while it holds the lease, and ends that lease: a copy
-        of it (in the same batch, or a resent one) finds the lease over (STALE). worker_id
-        None counts unconditionally.
+        of it (in the same batch, or a resent one) finds the lease over (STALE). The task then
+        goes to another worker while one can take it (see lease). A backup copy's failure only
+        ends the copy: the task's attempts are its first holder's. worker_id None counts
+        unconditionally.
         """
         record = self._records.get(task_id)
         if record is None:
@@ -374,12 +405,12 @@ class LeaseTable:
             return Disposition.STALE if worker_id in record.holders else Disposition.REJECTED
         if len(record.errors) < MAX_ERRORS_KEPT:
             record.errors.append(bounded_error(error))
+        if worker_id is not None and worker_id not in record.failed_by:
+            record.failed_by += (worker_id,)
         if backup:
-            # The copy failed; the task goes on where it first ran, one attempt spent.
+            # The copy failed; the task goes on where it first ran, its attempts unspent: a
+            # copy is extra, and one broken idle worker must not use up another's task.
             self._drop_backup(record)
-            record.attempts += 1
-            if record.attempts >= self.max_attempts:
-                self._finish(record, (math.nan,) * record.task.episodes, 0)
         else:
             self._retry_or_give_up(record)
         return Disposition.ACCEPTED
@@ -459,6 +490,23 @@ class LeaseTable:
     def frames(self) -> int:
         return sum(r.frames for r in self._records.values())
 
+    def _others_can_take(self, record: _Record, worker_id: str, workers: Collection[str]) -> bool:
+        """Whether a worker other than this one, and none that failed the task, could take it:
+        one the caller names, or one holding a task of this table (it is alive)."""
+        failed = record.failed_by
+        # Stops at the first that qualifies: at most len(failed) + 1 workers are looked at.
+        return any(w != worker_id and w not in failed for w in itertools.chain(workers, self._held))
+
+    def _spend_lost_attempt(self, record: _Record) -> bool:
+        """A task lost with its holder's presence is leased again: that costs an attempt now.
+        False if none is left (the task is then recorded as failed)."""
+        record.loss_unspent = False
+        record.attempts += 1
+        if record.attempts < self.max_attempts:
+            return True
+        self._finish(record, (math.nan,) * record.task.episodes, 0)
+        return False
+
     def _retry_or_give_up(self, record: _Record) -> bool:
         """Queues the task again (at the front: it is a straggler) unless out of attempts; a
         backup copy running takes over instead of a queued one."""
@@ -483,7 +531,7 @@ class LeaseTable:
             self._unlease(record)
         else:
             self._dequeue(record)
-        record.lapsed_from = None
+        record.lapsed_from, record.loss_unspent = None, False
         record.returns = returns
         record.frames = frames
         self._done += 1
@@ -506,7 +554,7 @@ class LeaseTable:
             if record.lease is None and record.backup is None:
                 self._unbacked[task_id] = None  # a candidate for a backup, newest last
             record.lease = lease
-            record.lapsed_from = None
+            record.lapsed_from, record.loss_unspent = None, False
         task_ids = tuple(record.task.task_id for record in records)
         if not backup:
             self._leased.update(task_ids)
@@ -514,16 +562,24 @@ class LeaseTable:
         heapq.heappush(self._deadlines, entry)
 
     def _grant_backups(self, worker_id: str, max_tasks: int, now: float) -> list[_Record]:
-        """Backup copies of up to max_tasks in-flight tasks, longest leased first."""
+        """Backup copies of up to max_tasks in-flight tasks, longest leased first; none of a task
+        this worker failed."""
         chosen: list[_Record] = []
-        while self._unbacked and len(chosen) < max_tasks:
-            task_id, _ = self._unbacked.popitem(last=False)
+        unlisted: list[str] = []
+        for task_id in self._unbacked:
+            if len(chosen) >= max_tasks:
+                break
             record = self._records[task_id]
             if record.lease is None or record.backup is not None or record.returns is not None:
-                continue  # ended since it was listed
+                unlisted.append(task_id)  # ended since it was listed
+            elif worker_id not in record.failed_by:
+                unlisted.append(task_id)
+                chosen.append(record)
+        for task_id in unlisted:
+            del self._unbacked[task_id]
+        for record in chosen:
             if worker_id not in record.holders:
                 record.holders += (worker_id,)
-            chosen.append(record)
         self._grant(chosen, worker_id, now, backup=True)
         self.backups_granted += len(chosen)
         return chosen

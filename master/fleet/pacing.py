@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from collections.abc import KeysView
 
 from master.fleet.roster import WORKER_SEEN_WINDOW_S
 
@@ -47,6 +48,14 @@ class LeasePacing:
             self._count = len(self._askers)
             self._slots = sum(slots for _, slots in self._askers.values())
         return self._slots
+
+    def askers(self) -> KeysView[str]:
+        """The workers that asked for work lately (a live view, oldest first)."""
+        return self._askers.keys()
+
+    def forget(self, worker_id: str) -> None:
+        """This worker is gone or held off: it no longer counts as one that can take work."""
+        self._askers.pop(worker_id, None)
 
     def retry_after_ms(self) -> int:
         """How long a worker that got no task waits before it asks again."""

@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,7 +26,7 @@ from master.fleet.leases import (
     PhaseTask,
     bounded_error,
 )
-from master.fleet.roster import WorkerRoster
+from master.fleet.roster import FAILURES_BEFORE_HOLD_OFF, WorkerRoster
 from neuro.observation_stats import ObservationStats
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,7 @@ class PhaseLoop:
         self._phase_done = asyncio.Event()
         self._finished_task_ids: set[str] = set()
         self._error_log = _RateLimitedLog(ERROR_LOG_LINES, ERROR_LOG_WINDOW_S)
+        self._hold_off_log = _RateLimitedLog(ERROR_LOG_LINES, ERROR_LOG_WINDOW_S)
         self._reissued_total = 0
         self.frames_accepted = 0
         """Frames of every accepted result so far, for throughput figures."""
@@ -254,11 +255,17 @@ class PhaseLoop:
         return {key: np.concatenate(blocks) for key, blocks in rows.items()}, observations
 
     def lease(
-        self, worker_id: str, max_tasks: int, now: float, fleet_slots: int
+        self,
+        worker_id: str,
+        max_tasks: int,
+        now: float,
+        fleet_slots: int,
+        workers: Collection[str] = (),
     ) -> list[PhaseTask]:
-        """Up to max_tasks of the running phase's tasks for this worker (see LeaseTable.lease)."""
+        """Up to max_tasks of the running phase's tasks for this worker (see LeaseTable.lease;
+        `workers`: those the fleet could lease to)."""
         assert self._table is not None, "a lease is asked of a running phase only"
-        granted = self._table.lease(worker_id, max_tasks, now, fleet_slots)
+        granted = self._table.lease(worker_id, max_tasks, now, fleet_slots, workers=workers)
         self._roster.holding(worker_id, (task.task_id for task in granted))
         return granted
 
@@ -298,6 +305,7 @@ class PhaseLoop:
                     disposition = table.fail_task(task_id, error, worker_id)
                     if disposition is Disposition.ACCEPTED:
                         self._log_failure(worker_id, task_id, error)
+                        self._count_failure(worker_id)
                 else:
                     extras = None
                     if behaviours is not None or observations is not None:
@@ -391,6 +399,20 @@ class PhaseLoop:
             worker_id,
             bounded_error(error),
         )
+
+    def _count_failure(self, worker_id: str) -> None:
+        """Adds a failure to the worker's figures; says so when it is held off for it."""
+        now = self._clock()
+        held_off_s = self._roster.failed(worker_id, now)
+        if held_off_s:
+            self._hold_off_log.warning(
+                now,
+                "worker %r failed its last %d tasks while other workers' results are accepted: "
+                "it is given nothing for %.0f s (`neuro-master status` shows it)",
+                worker_id,
+                FAILURES_BEFORE_HOLD_OFF,
+                held_off_s,
+            )
 
     def _unknown(self, task_id: str) -> Disposition:
         # A task of an earlier phase was done already; anything else is not ours.

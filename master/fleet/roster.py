@@ -23,6 +23,15 @@ MAX_WORKERS_TRACKED = 4096
 """The worker table's size, whatever the churn: beyond it the least recently seen goes."""
 STATUS_WORKERS = 256
 """Status and /metrics list this many workers, the most recently seen."""
+FAILURES_BEFORE_HOLD_OFF = 10
+"""Tasks a worker fails in a row, with no result accepted in between, before it is held off
+(given nothing), provided another worker had a result accepted in the last
+WORKER_SEEN_WINDOW_S: a whole fleet failing is the run's problem, not one host's."""
+HOLD_OFF_S = 30.0
+MAX_HOLD_OFF_S = 600.0
+"""A held-off worker gets nothing for HOLD_OFF_S, doubled for each hold-off in a row up to
+MAX_HOLD_OFF_S; then it is given a task again, and one more failure holds it off again. An
+accepted result ends the streak."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,10 @@ class WorkerStats:
     frames: int
     frames_per_second: float
     seconds_since_contact: float
+    tasks_failed: int = 0
+    """Tasks it reported failed (each an error it sent for a task it held)."""
+    held_off_s: float = 0.0
+    """Seconds it is still given nothing for, having failed every task it got lately."""
 
 
 @dataclass(slots=True)
@@ -51,6 +64,12 @@ class _Worker:
     """Task ids granted to it this phase; Status counts those it still holds."""
     told_complete: bool = False
     """It was answered that the run is complete."""
+    failed: int = 0
+    failing_streak: int = 0
+    """Tasks failed since its last accepted result."""
+    hold_offs: int = 0
+    """Hold-offs in a row, each twice as long as the last."""
+    held_off_until: float = -float("inf")
 
 
 class WorkerRoster:
@@ -76,6 +95,8 @@ class WorkerRoster:
         self.forget_after_s = forget_after_s
         self.max_workers = max_workers
         self._workers: OrderedDict[str, _Worker] = OrderedDict()
+        self._last_accepted = -float("inf")
+        """When any worker last had a result accepted."""
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -114,6 +135,8 @@ class WorkerRoster:
             return
         worker.evaluations += episodes
         worker.frames += frames
+        worker.failing_streak = worker.hold_offs = 0
+        self._last_accepted = now
         second = int(now)
         buckets = worker.buckets
         if buckets and buckets[-1][0] == second:
@@ -122,6 +145,27 @@ class WorkerRoster:
             buckets.append([second, frames])
         worker.window_frames += frames
         self._trim(worker, now)
+
+    def failed(self, worker_id: str, now: float) -> float:
+        """This worker reported a task it held failed; returns the seconds it is now held off
+        for (0: not held off). See FAILURES_BEFORE_HOLD_OFF."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return 0.0
+        worker.failed += 1
+        worker.failing_streak += 1
+        others_succeed = now - self._last_accepted <= WORKER_SEEN_WINDOW_S
+        if worker.failing_streak < FAILURES_BEFORE_HOLD_OFF or not others_succeed:
+            return 0.0
+        seconds = min(MAX_HOLD_OFF_S, HOLD_OFF_S * 2.0**worker.hold_offs)
+        worker.hold_offs += 1
+        worker.held_off_until = now + seconds
+        return seconds
+
+    def held_off(self, worker_id: str, now: float) -> bool:
+        """Whether this worker is to be given nothing now (it failed everything lately)."""
+        worker = self._workers.get(worker_id)
+        return worker is not None and now < worker.held_off_until
 
     def holding(self, worker_id: str, task_ids: Iterable[str]) -> None:
         """These tasks were granted to (or kept by) this worker."""
@@ -190,6 +234,8 @@ class WorkerRoster:
                     frames=worker.frames,
                     frames_per_second=worker.window_frames / span,
                     seconds_since_contact=max(0.0, now - worker.last_seen),
+                    tasks_failed=worker.failed,
+                    held_off_s=max(0.0, worker.held_off_until - now),
                 )
             )
         return stats

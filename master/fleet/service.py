@@ -301,6 +301,8 @@ def with_worker_status(
             frames=worker.frames,
             frames_per_second=worker.frames_per_second,
             seconds_since_contact=worker.seconds_since_contact,
+            tasks_failed=worker.tasks_failed,
+            held_off_seconds=worker.held_off_s,
         )
     return status
 

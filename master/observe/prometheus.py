@@ -112,7 +112,10 @@ class StatusCollector:
             ("tasks_leased", "Tasks this worker holds leases on."),
             ("frames_per_second", "Accepted frames per second over the last minute."),
             ("seconds_since_contact", "Seconds since this worker last called."),
-        )
+            ("tasks_failed", "Tasks this worker reported failed."),
+            ("held_off_s", "Seconds this worker is still given no task for, having failed "
+             "every task it got lately (0: it is given tasks)."),
+        )  # fmt: skip
         for field, documentation in per_worker:
             family = GaugeMetricFamily(f"neuro_worker_{field}", documentation, labels=["worker"])
             for worker in s.worker_status:

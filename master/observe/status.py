@@ -189,13 +189,15 @@ def format_status(status: pb.StatusResponse) -> str:
         lines.append("")
         lines.append(
             f"{'worker':<{width}}  {'tasks':>6}  {'evaluations':>11}  {'frames':>14}  "
-            f"{'frames/s':>10}  {'last contact':>12}"
+            f"{'frames/s':>10}  {'last contact':>12}  {'failed':>6}"
         )
         for name, w in zip(names, status.worker_status, strict=True):
+            # A worker that failed every task it got lately is given nothing for a while.
+            held_off = f"  held off {w.held_off_seconds:.0f} s" if w.held_off_seconds > 0 else ""
             lines.append(
                 f"{name:<{width}}  {w.tasks_leased:>6,}  {w.evaluations:>11,}  "
                 f"{w.frames:>14,}  {w.frames_per_second:>10,.1f}  "
-                f"{w.seconds_since_contact:>10.1f} s"
+                f"{w.seconds_since_contact:>10.1f} s  {w.tasks_failed:>6,}{held_off}"
             )
     return "\n".join(lines)
 

@@ -307,17 +307,21 @@ class StatusResponse(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., env_id: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., frames: _Optional[int] = ..., evaluations: _Optional[int] = ..., elite_score: _Optional[float] = ..., elite: _Optional[_Union[Genome, _Mapping]] = ..., tasks_pending: _Optional[int] = ..., tasks_leased: _Optional[int] = ..., tasks_done: _Optional[int] = ..., workers: _Optional[int] = ..., leases_reissued: _Optional[int] = ..., run_complete: _Optional[bool] = ..., worker_status: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., workers_tracked: _Optional[int] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "tasks_leased", "evaluations", "frames", "frames_per_second", "seconds_since_contact")
+    __slots__ = ("worker_id", "tasks_leased", "evaluations", "frames", "frames_per_second", "seconds_since_contact", "tasks_failed", "held_off_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASKS_LEASED_FIELD_NUMBER: _ClassVar[int]
     EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     FRAMES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     SECONDS_SINCE_CONTACT_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    HELD_OFF_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     tasks_leased: int
     evaluations: int
     frames: int
     frames_per_second: float
     seconds_since_contact: float
-    def __init__(self, worker_id: _Optional[str] = ..., tasks_leased: _Optional[int] = ..., evaluations: _Optional[int] = ..., frames: _Optional[int] = ..., frames_per_second: _Optional[float] = ..., seconds_since_contact: _Optional[float] = ...) -> None: ...
+    tasks_failed: int
+    held_off_seconds: float
+    def __init__(self, worker_id: _Optional[str] = ..., tasks_leased: _Optional[int] = ..., evaluations: _Optional[int] = ..., frames: _Optional[int] = ..., frames_per_second: _Optional[float] = ..., seconds_since_contact: _Optional[float] = ..., tasks_failed: _Optional[int] = ..., held_off_seconds: _Optional[float] = ...) -> None: ...

@@ -369,6 +369,96 @@ def test_a_backup_that_fails_lapses_or_is_handed_back_leaves_the_task_where_it_r
         assert ids(t.lease("w3", 1, now=LEASE_S + 2.0)) == ["k0/0"], end
 
 
+# -- a worker that fails its tasks ------------------------------------------------------------
+
+
+def test_a_failed_task_goes_to_another_worker_not_back_to_the_one_that_failed_it():
+    t = table(2, max_attempts=3)
+    assert ids(t.lease("bad", 1, now=0.0)) == ["k0/0"]
+    assert ids(t.lease("good", 1, now=0.0)) == ["k1/0"]
+    assert t.fail_task("k0/0", "RuntimeError: CUDA out of memory", "bad") is Disposition.ACCEPTED
+    # The good worker holds a task, so it can take this one: the bad one gets nothing.
+    assert ids(t.lease("bad", 4, now=1.0)) == []
+    assert ids(t.lease_backups("bad", 4, now=1.0)) == []
+    assert t.pending == 1
+    t.complete_task("k1/0", [1.0], 5, "good")
+    assert ids(t.lease("good", 1, now=2.0)) == ["k0/0"]
+    assert t.complete_task("k0/0", [2.0], 5, "good") is Disposition.ACCEPTED
+    assert t.results() == {"k0": [2.0], "k1": [1.0]}
+
+
+def test_a_failed_task_is_skipped_while_a_worker_the_caller_names_has_not_failed_it():
+    t = table(2, max_attempts=3)
+    t.lease("bad", 1, now=0.0)
+    t.fail_task("k0/0", "boom", "bad")
+    # The queue keeps its order: the task it failed stays first, for the others.
+    assert ids(t.lease("bad", 2, now=1.0, workers=["bad", "good"])) == ["k1/0"]
+    assert ids(t.lease("good", 2, now=1.0, workers=["bad", "good"])) == ["k0/0"]
+
+
+def test_a_task_every_known_worker_failed_is_retried_spending_attempts():
+    t = table(1, max_attempts=3)
+    for attempt in range(3):
+        assert ids(t.lease("only", 1, now=0.0, workers=["only"])) == ["k0/0"], attempt
+        t.fail_task("k0/0", f"err{attempt}", "only")
+    assert t.complete and math.isnan(t.results()["k0"][0])
+    # Two workers that both failed it: retried too, never stalled.
+    t = table(1, max_attempts=3)
+    t.lease("a", 1, now=0.0)
+    t.fail_task("k0/0", "boom", "a")
+    assert ids(t.lease("a", 1, now=0.0, workers=["a", "b"])) == []
+    assert ids(t.lease("b", 1, now=0.0, workers=["a", "b"])) == ["k0/0"]
+    t.fail_task("k0/0", "boom", "b")
+    assert ids(t.lease("a", 1, now=0.0, workers=["a", "b"])) == ["k0/0"]
+
+
+def test_backup_copies_that_fail_spend_no_attempt_and_never_go_back_to_their_worker():
+    # One healthy worker holds every task; an idle one fails each copy it gets, at once.
+    t = table(4, max_attempts=3)
+    assert len(t.lease("good", 4, now=0.0)) == 4
+    failed = 0
+    for step in range(20):
+        for task in t.lease("bad", 1, now=1.0 + step / 4):
+            assert t.fail_task(task.task_id, "RuntimeError: CUDA out of memory", "bad") is (
+                Disposition.ACCEPTED
+            )
+            failed += 1
+    assert failed == 4  # one copy of each task, never the same twice
+    assert not t.complete and t.counters.leased == 4
+    for task_id in ("k0/0", "k1/0", "k2/0", "k3/0"):
+        assert t.complete_task(task_id, [1.0], 5, "good") is Disposition.ACCEPTED
+    assert t.results() == {f"k{i}": [1.0] for i in range(4)}
+    # Another idle worker may still back a task up after the bad one failed its copy.
+    t = table(1)
+    t.lease("good", 1, now=0.0)
+    t.fail_task(ids(t.lease("bad", 1, now=1.0))[0], "boom", "bad")
+    assert ids(t.lease("spare", 1, now=2.0)) == ["k0/0"]
+
+
+def test_a_lost_presence_spends_no_attempt_when_its_worker_takes_the_tasks_back():
+    t = table(2, max_attempts=2)
+    t.lease("w1", 2, now=0.0)
+    for cycle in range(5):  # its presence call ends again and again; it lives on
+        assert t.worker_gone("w1") == 2, cycle
+        assert t.heartbeat("w1", ["k0/0", "k1/0"], now=1.0 + cycle) == []
+        assert (t.holder("k0/0"), t.holder("k1/0")) == ("w1", "w1")
+    assert t.complete_task("k0/0", [1.0], 5, "w1") is Disposition.ACCEPTED
+    assert t.complete_task("k1/0", [2.0], 5, "w1") is Disposition.ACCEPTED
+    assert t.results() == {"k0": [1.0], "k1": [2.0]}
+
+
+def test_a_lost_task_leased_again_spends_an_attempt_so_a_task_that_kills_workers_ends():
+    t = table(1, max_attempts=3)
+    for crash in range(2):
+        assert ids(t.lease("w1", 1, now=float(crash))) == ["k0/0"]  # a restarted process
+        t.worker_gone("w1")
+        assert not t.complete
+    assert ids(t.lease("w1", 1, now=2.0)) == ["k0/0"]
+    t.worker_gone("w1")
+    assert ids(t.lease("w1", 1, now=3.0)) == []  # the third loss is out of attempts
+    assert t.complete and math.isnan(t.results()["k0"][0])
+
+
 WORKERS = st.sampled_from(["w0", "w1", "w2"])
 REQUESTS = {"a": 1, "b": 3, "c": 2, "d": 1}
 
@@ -388,6 +478,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.done = 0
         self.leased_to: dict[str, set[str]] = {t.task_id: set() for t in self.tasks}
         """Workers a task was leased to (or backed up on) and that did not hand it back."""
+        self.failed_by: dict[str, set[str]] = {t.task_id: set() for t in self.tasks}
 
     def _complete(self, task_id: str, worker: str | None = None) -> None:
         task = next((t for t in self.tasks if t.task_id == task_id), None)
@@ -422,6 +513,8 @@ class LeaseMachine(RuleBasedStateMachine):
             backup = self.table.backup_holder(task.task_id) == worker
             assert self.table.holder(task.task_id) == worker or backup
             assert not backup or self.table.holder(task.task_id) not in (None, worker)
+            # Never a copy of a task it failed.
+            assert not backup or worker not in self.failed_by[task.task_id]
             self.leased_to[task.task_id].add(worker)
 
     @rule(worker=WORKERS)
@@ -458,7 +551,9 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule(worker=WORKERS, data=st.data())
     def fail_from(self, worker, data):
-        self.table.fail_task(data.draw(self.ids), "boom", worker)
+        task_id = data.draw(self.ids)
+        if self.table.fail_task(task_id, "boom", worker) is Disposition.ACCEPTED:
+            self.failed_by[task_id].add(worker)
 
     @rule()
     def expire(self):
