@@ -1,5 +1,6 @@
 """neuro-master: serve a neuroevolution run (the algorithm --algo names) over gRPC, optionally
-with local worker processes; `neuro-master status` asks a running master where it stands."""
+with local worker processes; `neuro-master status` asks a running master where it stands and
+`neuro-master report` sets a study's results beside the paper's."""
 
 from __future__ import annotations
 
@@ -118,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a neuroevolution run (--algo: the Deep GA by default, ES or novelty "
         "search): hands evaluations out as leases over gRPC.",
         epilog="neuro-master status --master HOST:PORT shows where a running master stands "
-        "(neuro-master status --help).",
+        "(neuro-master status --help); neuro-master report STUDY_DIR reports a study's runs "
+        "beside the paper's figures (neuro-master report --help).",
     )
     _add_serving_flags(p)
     p.add_argument(
@@ -375,6 +377,10 @@ def main(argv: list[str] | None = None) -> int:
         from master.observe.status import main as status_main
 
         return status_main(argv[1:])
+    if argv[:1] == ["report"]:
+        from master.observe.report_output import main as report_main
+
+        return report_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s master %(message)s")
