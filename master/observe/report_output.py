@@ -426,16 +426,23 @@ def plot_curves(
     (out_dir / CURVES_DIR).mkdir(parents=True, exist_ok=True)
 
     def draw(axes: Any, summary: EnvSummary, band: Band) -> None:
-        axes.fill_between(
-            band.frames,
-            band.low,
-            band.high,
-            color="C0",
-            alpha=0.25,
-            lw=0,
-            label=f"{band.spread} over runs",
-        )
-        axes.plot(band.frames, band.median, color="C0", label=f"median of {len(summary.runs)} runs")
+        # Runs of one budget end at different frames: where only some reach, the median and
+        # band are drawn fainter and dashed, so a run dropping out is not read as learning.
+        most = max(band.runs)
+        full = [count == most for count in band.runs]
+        partial = [not f for f in full]
+        for where, alpha, style, label in (
+            (full, 0.25, "-", f"median of {most} runs"),
+            (partial, 0.1, ":", "median of fewer runs (the others end before)"),
+        ):
+            if not any(where):
+                continue
+            median = [m if w else math.nan for m, w in zip(band.median, where, strict=True)]
+            axes.fill_between(band.frames, band.low, band.high, where=where, color="C0",
+                              alpha=alpha, lw=0, interpolate=True)  # fmt: skip
+            axes.plot(band.frames, median, color="C0", linestyle=style, label=label)
+        axes.fill_between([], [], [], color="C0", alpha=0.25, lw=0,
+                          label=f"{band.spread} over runs")  # fmt: skip
         paper = (summary.published or {}).get(PAPER_COLUMN)
         if paper is not None:
             axes.axhline(
