@@ -16,6 +16,10 @@ GENOMES = "genomes"
 """genomes/<sha256>.json: each distinct elite once, a whole genome document metrics.jsonl names."""
 FINAL_TEST = "final_test.json"
 """The final elite's scores on fresh test episodes, played when the run's budget ends."""
+STUDY_JSON = "study.json"
+"""A study dir's resolved runs: each run's name, env, seed, label, settings, budget and state."""
+STUDY_RUNS = "runs"
+"""A study dir's folder of run dirs: runs/<name>/, each a run dir as above."""
 
 
 def seeds_sha256(seeds: Sequence[int]) -> str:

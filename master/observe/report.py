@@ -21,12 +21,8 @@ from typing import Any
 import numpy as np
 
 from master.observe.published import Published, load_published
-from neuro.runfiles import CONFIG, FINAL_TEST, METRICS
+from neuro.runfiles import CONFIG, FINAL_TEST, METRICS, STUDY_JSON, STUDY_RUNS
 
-STUDY_FILE = "study.json"
-"""A study dir's resolved runs: name, env, seed, label, settings, budget and state of each."""
-STUDY_RUNS = "runs"
-"""A study dir's folder of run dirs, one per run name."""
 FINAL_TEST_FORMAT = "neuro.final-test/1"
 FINAL_TEST_SOURCE = "final test"
 LAST_ELITE_SOURCE = "last elite"
@@ -160,7 +156,7 @@ def median_range(values: Sequence[float]) -> tuple[float, float, float] | None:
 
 def is_study_dir(paths: Sequence[str | Path]) -> bool:
     """Whether `paths` is one study dir (a folder holding study.json)."""
-    return len(paths) == 1 and (Path(paths[0]) / STUDY_FILE).exists()
+    return len(paths) == 1 and (Path(paths[0]) / STUDY_JSON).exists()
 
 
 def report_entries(paths: Sequence[str | Path]) -> tuple[str | None, list[RunEntry]]:
@@ -177,11 +173,11 @@ def report_entries(paths: Sequence[str | Path]) -> tuple[str | None, list[RunEnt
     for path in map(Path, paths):
         if not path.is_dir():
             raise ReportError(f"{str(path)!r} is not a directory (expected a study dir or run dir)")
-        if (path / STUDY_FILE).exists():
+        if (path / STUDY_JSON).exists():
             raise ReportError(f"{str(path)!r} is a study dir: report it on its own")
         if not ((path / CONFIG).exists() or (path / METRICS).exists()):
             raise ReportError(
-                f"{str(path)!r} is neither a study dir (no {STUDY_FILE}) nor a run dir "
+                f"{str(path)!r} is neither a study dir (no {STUDY_JSON}) nor a run dir "
                 f"(no {CONFIG} or {METRICS})"
             )
         entries.append(RunEntry(path.resolve().name, path))
@@ -190,7 +186,7 @@ def report_entries(paths: Sequence[str | Path]) -> tuple[str | None, list[RunEnt
 
 def read_study(study_dir: Path) -> tuple[str | None, list[RunEntry]]:
     """A study dir's name and runs from its study.json; ReportError if it cannot be read."""
-    where = study_dir / STUDY_FILE
+    where = study_dir / STUDY_JSON
     try:
         document = json.loads(where.read_text())
     except OSError as error:
