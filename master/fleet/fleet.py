@@ -122,10 +122,12 @@ class Fleet:
     def lease(self, worker_id: str, max_tasks: int) -> list[PhaseTask]:
         self._seen(worker_id)
         now = self._clock()
-        if self._phases.table is None or self.roster.held_off(worker_id, now):
-            # Held off: it failed every task it got lately while others' results counted.
-            return []
+        if self.roster.held_off(worker_id, now):
+            return []  # it failed every task it got lately while others' results counted
+        # Counted between phases too: at a phase's start the workers waiting for it are known.
         fleet_slots = self._pacing.asked(worker_id, max_tasks, now)
+        if self._phases.table is None:
+            return []
         # A task this worker failed goes to another that asked for work lately, if any.
         workers = self._pacing.askers()
         return self._phases.lease(worker_id, max_tasks, now, fleet_slots, workers)
