@@ -245,15 +245,12 @@ def read_run(entry: RunEntry, throughput: dict[str, float] | None = None) -> Run
     """
     problems: list[str] = []
     path = entry.path
-    if not path.is_dir():
-        problems.append("no run dir yet")
-    elif not any(path.iterdir()):
-        problems.append("empty run dir")
-    config = _read_config(path, problems) if path.is_dir() else {}
-    records = _read_metrics(path / METRICS, problems) if path.is_dir() else []
+    readable = _listed(path, problems)
+    config = _read_config(path, problems) if readable else {}
+    records = _read_metrics(path / METRICS, problems) if readable else []
     last = records[-1] if records else {}
     frames = _integer(last.get("frames"))
-    tested = records or (path / FINAL_TEST).exists()
+    tested = bool(records) or (readable and (path / FINAL_TEST).exists())
     final_test = _read_final_test(path / FINAL_TEST, problems) if tested else None
     score, source, episodes = None, None, None
     if final_test is not None:
@@ -288,12 +285,24 @@ def read_run(entry: RunEntry, throughput: dict[str, float] | None = None) -> Run
     )
 
 
+def _listed(path: Path, problems: list[str]) -> bool:
+    """Whether the run dir holds files to read; a problem says why not."""
+    try:
+        if any(path.iterdir()):
+            return True
+        problems.append("empty run dir")
+    except FileNotFoundError:
+        problems.append("no run dir yet")
+    except OSError as error:
+        problems.append(f"run dir unreadable ({error.strerror})")
+    return False
+
+
 def _read_config(path: Path, problems: list[str]) -> dict[str, Any]:
     try:
         config = json.loads((path / CONFIG).read_text())
     except FileNotFoundError:
-        if any(path.iterdir()):
-            problems.append(f"no {CONFIG}")
+        problems.append(f"no {CONFIG}")
         return {}
     except (OSError, ValueError):
         problems.append(f"{CONFIG} unreadable")
@@ -315,8 +324,7 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:
-        if path.parent.is_dir() and any(path.parent.iterdir()):
-            problems.append(f"no {METRICS}: no generation finished")
+        problems.append(f"no {METRICS}: no generation finished")
         return []
     except OSError as error:
         problems.append(f"{METRICS} unreadable ({error.strerror})")

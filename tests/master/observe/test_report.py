@@ -294,10 +294,14 @@ def test_damaged_run_dirs_are_reported_as_such(
     lines = damaged.read_text().splitlines(keepends=True)
     damaged.write_text("{not json\n" + "".join(lines))
     (runs_dir / "Pong-v4-s1").mkdir()
+    # Started, no generation finished yet; and a file where the run dir should be.
+    (runs_dir / "Pong-v4-s3").mkdir()
+    (runs_dir / "Pong-v4-s3" / CONFIG).write_text(json.dumps({"env_id": "Pong-v4"}))
+    (runs_dir / "Pong-v4-s4").write_text("not a dir")
     study_json = json.loads((study / "study.json").read_text())
     study_json["runs"] += [
-        {"name": "Pong-v4-s1", "env": "Pong-v4", "seed": 1, "state": "running"},
-        {"name": "Pong-v4-s2", "env": "Pong-v4", "seed": 2, "state": "queued"},
+        {"name": f"Pong-v4-s{seed}", "env": "Pong-v4", "seed": seed, "state": state}
+        for seed, state in ((1, "running"), (2, "queued"), (3, "running"), (4, "failed"))
     ]
     (study / "study.json").write_text(json.dumps(study_json))
 
@@ -315,7 +319,11 @@ def test_damaged_run_dirs_are_reported_as_such(
     assert any("line 1 is damaged" in p for p in runs["Frostbite-v4-s2"]["problems"])
     assert runs["Pong-v4-s1"]["problems"] == ["empty run dir"]
     assert runs["Pong-v4-s2"]["problems"] == ["no run dir yet"]
-    assert runs["Pong-v4-s1"]["generations"] == 0 and runs["Pong-v4-s1"]["score"] is None
+    assert runs["Pong-v4-s3"]["problems"] == [f"no {METRICS}: no generation finished"]
+    assert runs["Pong-v4-s4"]["problems"][0].startswith("run dir unreadable")
+    for seed in (1, 2, 3, 4):
+        assert runs[f"Pong-v4-s{seed}"]["generations"] == 0
+        assert runs[f"Pong-v4-s{seed}"]["score"] is None
     pong = document["envs"][-1]
     assert pong["env_id"] == "Pong-v4" and pong["score"] is None and pong["curve"] is None
     rows = {row["run"]: row for row in table_rows((study / "report" / "report.md").read_text(),
@@ -323,8 +331,8 @@ def test_damaged_run_dirs_are_reported_as_such(
     assert rows["Pong-v4-s1"]["notes"] == "empty run dir"
     assert rows["Pong-v4-s2"]["state"] == "queued"
     assert "half-written" in rows["CartPole-v1-s2"]["notes"]
-    # The five above, and CartPole's seed 3, which never had a final test.
-    assert "6 of 8 runs have notes" in out
+    # The seven above, and CartPole's seed 3, which never had a final test.
+    assert "8 of 10 runs have notes" in out
 
 
 def test_an_empty_study_writes_a_report_without_curves(
