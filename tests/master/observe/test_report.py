@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from master.cli import main as master_main
 from master.observe.published import load_published, paper_game
 from master.observe.report import (
     FINAL_TEST_SOURCE,
@@ -348,6 +349,25 @@ def test_an_empty_study_writes_a_report_without_curves(
         "No run has finished a generation yet." in (study_dir / "report" / "report.md").read_text()
     )
     assert "(no learning curves" in out
+
+
+def test_without_matplotlib_the_table_and_json_are_still_written(
+    study: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import raises ImportError
+    code, out, err = report(str(study), capsys=capsys)
+    assert code == 0, err
+    assert json.loads((study / "report" / "report.json").read_text())["envs"][0]["score"]
+    assert "Not drawn: matplotlib is missing" in (study / "report" / "report.md").read_text()
+    assert not (study / "report" / "curves.png").exists() and "(no learning curves" in out
+
+
+def test_neuro_master_report_is_the_subcommand(
+    study: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert master_main(["report", str(study), "--out", str(study / "via-cli")]) == 0
+    assert (study / "via-cli" / "report.md").is_file()
+    assert f"wrote {study / 'via-cli' / 'report.json'}" in capsys.readouterr().out
 
 
 def test_core_hours_without_worker_s_or_a_measured_rate_are_unknown(tmp_path: Path) -> None:
