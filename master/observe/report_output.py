@@ -483,7 +483,8 @@ def plot_curves(
 def write_report(paths: Sequence[str | Path], out_dir: Path) -> tuple[list[Path], str]:
     """Reads the runs and writes report.md, report.json and the curves into `out_dir`.
 
-    Returns the files written and the summary table; ReportError for a path that is neither a
+    Returns the files written and the summary (the table, and why no curves were drawn, where
+    none were); ReportError for a path that is neither a
     study dir nor a run dir, OSError where the files cannot be written.
     """
     report = read_report(paths)
@@ -493,10 +494,15 @@ def write_report(paths: Sequence[str | Path], out_dir: Path) -> tuple[list[Path]
     written[0].write_text(markdown(report, curves) + "\n")
     document = report_document(report, curves)
     written[1].write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
-    if curves:
+    summary = summary_table(report.envs, report.runs)
+    if curves is None:
+        summary += f"\nno learning curves: matplotlib is missing ({PLOT_EXTRA_HINT})"
+    elif not curves:
+        summary += "\nno learning curves: no run has finished a generation yet"
+    else:
         written.append(out_dir / CURVES)
         written += [out_dir / CURVES_DIR / name for name in curves.values()]
-    return written, summary_table(report.envs, report.runs)
+    return written, summary
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -543,9 +549,4 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for path in written:
         print(f"wrote {path}")
-    if not any(path.suffix == ".png" for path in written):
-        print(
-            f"(no learning curves: none of the runs has a generation, or matplotlib is "
-            f"missing: {PLOT_EXTRA_HINT})"
-        )
     return 0
