@@ -198,10 +198,22 @@ class RunDirectory:
         """
         if record.elite_seeds:
             self._write_genome(record.elite_seeds)
-        with open(self.metrics_path, "a") as f:
-            f.write(record.to_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        line = memoryview((record.to_json() + "\n").encode())
+        fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            end = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                while line:
+                    line = line[os.write(fd, line) :]
+                os.fsync(fd)
+            except OSError:
+                # A full disk may have taken part of the line: cut it off, so that the line
+                # written again later is the only one.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, end)
+                raise
+        finally:
+            os.close(fd)
 
     def _write_genome(self, seeds: list[int]) -> None:
         path = self.path / genome_file(seeds_sha256(seeds))
@@ -227,10 +239,10 @@ class RunDirectory:
         write_json_atomic(self.elite_genome_path, self._with_parameters_file(genome_document,
                                                                             "elite"))  # fmt: skip
         if math.isfinite(score) and score > self._best_score:
-            self._best_score = score
             write_json_atomic(
                 self.best_genome_path, self._with_parameters_file(genome_document, "best")
             )
+            self._best_score = score  # once written: a failed write is tried again
 
     def _with_parameters_file(self, document: dict[str, Any], stem: str) -> dict[str, Any]:
         parameters = document.get("parameters")

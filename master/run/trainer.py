@@ -6,13 +6,14 @@ Observers (master.observe.events) record the rest; the loop never knows which al
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from master.algorithms.base import OFFSPRING, Algorithm, GenerationSummary
 from master.fleet.fleet import Fleet
@@ -22,6 +23,28 @@ from master.run.checkpoint import ALGORITHM, save_checkpoint, save_sidecar
 from master.run.rundir import RunDirectory
 
 log = logging.getLogger(__name__)
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
+"""A failed checkpoint write (a full disk, no file descriptor left) is tried again after
+RETRY_FIRST_S, doubled after each failure up to RETRY_MAX_S, while the run goes on."""
+FINAL_TRIES = 4
+"""Writes of the last checkpoint, as the run stops, before the master gives up on it (after
+RETRY_FIRST_S, then twice as long each time: 7 s at most)."""
+
+
+class CheckpointNotWritten(RuntimeError):
+    """The run stopped without its last checkpoint on disk."""
+
+
+class _Written(NamedTuple):
+    """What one checkpoint write did: the generations whose files it wrote, or what failed."""
+
+    records: list[GenerationRecord]
+    error: BaseException | None = None
+
+
+_FileWrite = tuple[Callable[[], None], "GenerationRecord | None"]
+"""One of a generation's files to write, and the generation to announce once it is written."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +98,14 @@ class Trainer:
         self.config = config or {}
         self.checkpoint_seconds = checkpoint_seconds
         self._started = clock()
-        self._saving: asyncio.Future[None] | None = None
+        self._saving: asyncio.Future[_Written] | None = None
+        self._unwritten: list[_FileWrite] = []
+        """Generations' files not yet written, in order: the next checkpoint write starts with
+        them."""
+        self.write_failures = 0
+        """Checkpoint writes that failed in a row (0: the last one is on disk)."""
+        self._last_write_error: BaseException | None = None
+        self._write_failed = asyncio.Event()
         # Counters when the current generation began: its record spans a restart.
         self._generation_start = (0, 0, 0)
         self._recorded: dict[str, tuple[list[float], int]] = {}
@@ -139,44 +169,87 @@ class Trainer:
             return payload, None
         return payload, (self.algorithm.generation, arrays)
 
-    async def _save(self, first: Callable[[], None] | None = None) -> asyncio.Future[None]:
-        """Starts writing the run's checkpoint (after `first`'s files); returns the write.
+    async def _save(self, generation: Sequence[_FileWrite] = ()) -> None:
+        """Starts writing the run's checkpoint, after the files of any generation not yet
+        written (and of `generation`'s: its metrics line and elite).
 
         The one way a checkpoint is saved. The files are written and fsynced on a thread, so a
         slow disk stalls no worker's call; one write at a time keeps them in order. Observers
-        hear `checkpointed` once the write is done.
+        hear `generation` once its files are written and `checkpointed` once the checkpoint
+        is. A write that fails (a full disk, no file descriptor left) is logged and written
+        again, with whatever the run holds by then, by the next save: the periodic one comes
+        after a back-off (_checkpoint_periodically). The run goes on meanwhile.
         """
         payload, sidecar = self._checkpoint_contents()
         await self._saved()
-        saving = asyncio.ensure_future(
-            asyncio.to_thread(self._write_checkpoint, payload, sidecar, first)
-        )
+        self._unwritten.extend(generation)
+        saving = asyncio.ensure_future(asyncio.to_thread(self._write_checkpoint, payload, sidecar))
         saving.add_done_callback(self._checkpoint_written)
         self._saving = saving
-        return saving
 
     def _write_checkpoint(
-        self,
-        payload: dict[str, Any],
-        sidecar: tuple[int, Any] | None,
-        first: Callable[[], None] | None = None,
-    ) -> None:
-        if first is not None:
-            first()
-        # The sidecar goes first: a checkpoint on disk never names arrays that are not.
-        if sidecar is not None:
-            payload = {**payload, "sidecar": save_sidecar(self.run_dir.path, *sidecar)}
-        save_checkpoint(self.run_dir.path, payload)
+        self, payload: dict[str, Any], sidecar: tuple[int, Any] | None
+    ) -> _Written:
+        """On a thread: the generations' files in order, then the checkpoint; never raises."""
+        written: list[GenerationRecord] = []
+        # The loop adds to the list only between writes, never during one.
+        files = self._unwritten
+        try:
+            while files:
+                write, record = files[0]
+                write()
+                files.pop(0)  # written: the next try must not append its metrics line again
+                if record is not None:
+                    written.append(record)
+            # The sidecar goes first: a checkpoint on disk never names arrays that are not.
+            if sidecar is not None:
+                payload = {**payload, "sidecar": save_sidecar(self.run_dir.path, *sidecar)}
+            save_checkpoint(self.run_dir.path, payload)
+        except Exception as error:
+            return _Written(written, error)
+        return _Written(written)
 
-    async def checkpoint(self) -> None:
-        """Writes a checkpoint now (after any file still being written)."""
+    async def checkpoint(self) -> bool:
+        """Writes a checkpoint now (after any file still being written); whether it is on
+        disk."""
         await self._save()
         await self._saved()
+        return self.write_failures == 0
 
     async def _checkpoint_periodically(self) -> None:
+        """Every checkpoint_seconds; after a failed write, sooner: after the back-off."""
         while True:
-            await asyncio.sleep(self.checkpoint_seconds)
-            await self.checkpoint()
+            if self.write_failures:
+                await asyncio.sleep(self._retry_delay())
+            else:
+                self._write_failed.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.checkpoint_seconds):
+                        await self._write_failed.wait()
+                if self.write_failures:
+                    continue  # a generation's write failed meanwhile: retry after the back-off
+            try:
+                await self.checkpoint()
+            except Exception:
+                # Never silently: a bug in making the payload is logged, and tried again.
+                log.exception("checkpoint failed; trying again in %.0f s", RETRY_MAX_S)
+                await asyncio.sleep(RETRY_MAX_S)
+
+    def _retry_delay(self) -> float:
+        return min(RETRY_MAX_S, RETRY_FIRST_S * 2.0 ** max(0, self.write_failures - 1))
+
+    async def _final_checkpoint(self) -> None:
+        """The checkpoint the run stops with, tried FINAL_TRIES times; CheckpointNotWritten if
+        none of them is written."""
+        for attempt in range(FINAL_TRIES):
+            if attempt:
+                await asyncio.sleep(RETRY_FIRST_S * 2.0 ** (attempt - 1))
+            if await self.checkpoint():
+                return
+        raise CheckpointNotWritten(
+            f"the run's last checkpoint could not be written to {self.run_dir.path} "
+            f"({self._last_write_error}); the one before it is kept"
+        )
 
     async def run(self) -> list[GenerationRecord]:
         """Trains until the budget is spent; returns every generation's record.
@@ -193,7 +266,7 @@ class Trainer:
         finally:
             periodic.cancel()
             try:
-                await asyncio.shield(self.checkpoint())
+                await asyncio.shield(self._final_checkpoint())
             finally:
                 self._tell_observers("stopped")
         return self.records
@@ -232,29 +305,42 @@ class Trainer:
             document.update(
                 generation=summary.generation, elite_score=_json_float(summary.elite_score)
             )
-        # Written while the next generation runs.
-        files = functools.partial(self._write_generation, record, document, summary.elite_score)
-        saving = await self._save(first=files)
-        # Observers hear of a generation once its checkpoint is on disk: what they write (e.g.
-        # TensorBoard steps) then belongs to a generation a resumed run never plays again.
-        saving.add_done_callback(functools.partial(self._generation_saved, record))
+        # Written while the next generation runs. Observers hear of a generation once its
+        # files are on disk: what they write (e.g. TensorBoard steps) then belongs to a
+        # generation a resumed run never plays again.
+        # Metrics before the checkpoint: a crash in between leaves a metrics line the resumed
+        # run drops (it truncates metrics.jsonl to the checkpoint's generation). One step per
+        # file, so that a write tried again repeats none that succeeded.
+        files: list[_FileWrite] = [(functools.partial(self.run_dir.append_metrics, record), None)]
+        if document is not None:
+            save = functools.partial(self.run_dir.save_elite, document, summary.elite_score)
+            files.append((save, None))
+        files[-1] = (files[-1][0], record)
+        await self._save(files)
 
-    def _write_generation(
-        self, record: GenerationRecord, elite: dict[str, Any] | None, score: float
-    ) -> None:
-        # Metrics before the checkpoint: a crash in between leaves a metrics line the
-        # resumed run drops (it truncates metrics.jsonl to the checkpoint's generation).
-        self.run_dir.append_metrics(record)
-        if elite is not None:
-            self.run_dir.save_elite(elite, score)
-
-    def _checkpoint_written(self, saving: asyncio.Future[None]) -> None:
-        if not saving.cancelled() and not saving.exception():
-            self._tell_observers("checkpointed")
-
-    def _generation_saved(self, record: GenerationRecord, saving: asyncio.Future[None]) -> None:
-        if not saving.cancelled() and not saving.exception():
+    def _checkpoint_written(self, saving: asyncio.Future[_Written]) -> None:
+        if saving.cancelled():
+            return
+        written = saving.result()
+        for record in written.records:
             self._tell_observers("generation", record, self.fleet.workers_connected())
+        if written.error is None:
+            if self.write_failures:
+                log.warning("checkpoint written again after %d failed write(s)",
+                            self.write_failures)  # fmt: skip
+            self.write_failures = 0
+            self._tell_observers("checkpointed")
+            return
+        self.write_failures += 1
+        self._last_write_error = written.error
+        self._write_failed.set()
+        args = (self.run_dir.path, written.error, self.write_failures, self._retry_delay())
+        if isinstance(written.error, OSError):
+            log.warning("checkpoint not written to %s (%s; %d failed in a row): the run goes "
+                        "on and writes it again in %.0f s", *args)  # fmt: skip
+        else:
+            log.error("checkpoint not written to %s (%r; %d failed in a row): the run goes on "
+                      "and writes it again in %.0f s", *args, exc_info=written.error)  # fmt: skip
 
     def _tell_observers(self, event: str, *args: Any) -> None:
         for observer in self.observers:
@@ -265,7 +351,7 @@ class Trainer:
                 log.exception("observer %r failed on %s", observer, event)
 
     async def _saved(self) -> None:
-        """Waits for the previous generation's files (and raises what writing them raised)."""
+        """Waits for the write under way, if any (a failed one is counted, not raised)."""
         if self._saving is not None:
             # Shielded: a cancelled run still finishes the files it started writing.
             await asyncio.shield(self._saving)
