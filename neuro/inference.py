@@ -32,6 +32,11 @@ frames of the game (worker/inference/int8_static.py)."""
 ATARI_ARCHITECTURES = ("deepga", "nature")
 MLP_ARCHITECTURE = "mlp"
 ARCHITECTURES = (*ATARI_ARCHITECTURES, MLP_ARCHITECTURE)
+"""The networks neuro ships (--policy deepga, nature or mlp)."""
+MODULE_ARCHITECTURE = "module"
+"""A user's torch module (--policy package.module:callable; neuro/policy_spec.py): only the
+torch engine runs it, in float32, since the other engines know only the networks they build."""
+ALL_ARCHITECTURES = (*ARCHITECTURES, MODULE_ARCHITECTURE)
 
 PER_GENOME = "per-genome"
 """The CPU worker's runner: one genome at a time, its episodes batched (worker/runners)."""
@@ -51,7 +56,7 @@ TORCH = "torch"
 TORCH_GROUPED = "torch-grouped"
 
 DTYPE_ARCHITECTURES: dict[str, tuple[str, ...]] = {
-    FLOAT32: ARCHITECTURES,
+    FLOAT32: ALL_ARCHITECTURES,
     BFLOAT16: ARCHITECTURES,
     INT8: ARCHITECTURES,
     INT8_STATIC: ATARI_ARCHITECTURES,
@@ -90,8 +95,13 @@ TABLE: tuple[EngineRow, ...] = (
         frozenset(ATARI_ARCHITECTURES),
         frozenset({CPU}),
     ),
+    # Every network, a user's module included: it runs any torch module as it is.
     EngineRow(
-        TORCH, PER_GENOME, frozenset(INFERENCE_DTYPES), frozenset(ARCHITECTURES), frozenset({CPU})
+        TORCH,
+        PER_GENOME,
+        frozenset(INFERENCE_DTYPES),
+        frozenset(ALL_ARCHITECTURES),
+        frozenset({CPU}),
     ),
     # Grouped convolutions and batched matmuls over K weight sets, float32 only: TF32 off, a
     # genome is the same policy as on a CPU worker up to the order of sums.
@@ -150,7 +160,7 @@ def check_combination(
     """ValueError naming the value unless some engine serves this combination; a runner or
     device left None may be any."""
     _check_name("inference dtype", dtype, INFERENCE_DTYPES)
-    _check_name("architecture", architecture, ARCHITECTURES)
+    _check_name("architecture", architecture, ALL_ARCHITECTURES)
     if runner is not None:
         _check_name("runner", runner, RUNNERS)
     if device is not None:
@@ -192,7 +202,7 @@ def default_dtype(architecture: str, runner: str) -> str:
     mlp has no int8-static). Chosen by the learning study (docs/performance.md, "Choosing the
     Atari default"): at equal core-hours int8-static learned as well as float32 on Frostbite
     and Seaquest, and a CPU worker plays ~1.5x the frames per core-hour with it."""
-    _check_name("architecture", architecture, ARCHITECTURES)
+    _check_name("architecture", architecture, ALL_ARCHITECTURES)
     _check_name("runner", runner, RUNNERS)
     if runner == PER_GENOME and architecture in DTYPE_ARCHITECTURES[INT8_STATIC]:
         return INT8_STATIC

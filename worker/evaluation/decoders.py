@@ -8,7 +8,7 @@ from collections import OrderedDict
 from typing import Any
 
 from neuro.decode import CacheBudget, GenomeDecoder
-from neuro.layout import check_parameter_count, init_scale, parameter_count
+from neuro.layout import check_parameter_count, parameter_count
 from neuro.noise import load_noise_table
 from neuro.shared_store import SharedVectorStore
 from worker.evaluation.spec import DecoderKey, EvaluationSpec
@@ -61,7 +61,7 @@ class Decoders:
         fields = [getattr(key, field.name) for field in dataclasses.fields(key)]
         namespace = "|".join(map(repr, (*fields, num_params)))
         decoder = GenomeDecoder(
-            table, init_scale(network.layout), spec.mutation_power, self._cache_bytes,
+            table, network.init_scale(), spec.mutation_power, self._cache_bytes,
             shared=self._shared_store, shared_namespace=namespace, budget=self._budget,
         )  # fmt: skip
         self._decoders[key] = decoder
@@ -81,7 +81,7 @@ class Decoders:
             num_params = check_parameter_count(parameter_count(network.layout),
                                                spec.noise_table.size)  # fmt: skip
             table = load_noise_table(spec.noise_table, self._noise_cache_dir)
-            scale = init_scale(network.layout)
+            scale = network.init_scale()
             assert scale.size == num_params
             decoder = TorchDecoder(table, scale, spec.mutation_power, device,
                                    cache_bytes=DEFAULT_CACHE_BYTES)  # fmt: skip

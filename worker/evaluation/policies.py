@@ -9,7 +9,7 @@ import logging
 from neuro.envs.make import EnvHandle
 from worker.evaluation.spec import EvaluationSpec
 from worker.inference.policy import Policy, build_policy
-from worker.inference.registry import check_preference, preferred_engine
+from worker.inference.registry import check_preference, engine, preferred_engine
 from worker.play.calibration import calibration_for
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,8 @@ class PolicyBuilder:
             preferred_engine() if inference_engine is None else inference_engine
         )
         self.engines_used: dict[str, str] = {}
-        """"architecture/dtype" -> the engine its policies run on here (the stats file's)."""
+        """"architecture/dtype" ("package.module:callable/dtype" for a user's network) -> the
+        engine its policies run on here (the stats file's)."""
 
     def build(self, spec: EvaluationSpec, handle: EnvHandle) -> Policy:
         """A new policy for `spec`'s network on `handle`'s env (int8-static: calibrated on the
@@ -34,16 +35,22 @@ class PolicyBuilder:
             spec.architecture, env.observation_space, env.action_space, spec.hidden_sizes,
             spec.inference_dtype, self.inference_engine,
             calibration_for(spec.inference_dtype, spec.env_id, spec.atari_dynamics),
+            spec.policy,
         )  # fmt: skip
-        kind = f"{spec.architecture}/{spec.inference_dtype}"
+        network = spec.policy.factory if spec.policy is not None else spec.architecture
+        kind = f"{network}/{spec.inference_dtype}"
         if kind not in self.engines_used:
             self.engines_used[kind] = policy.inference_engine
             preferred = self.inference_engine
-            why = (
-                f" ({preferred} does not serve them)"
-                if policy.inference_engine != preferred
-                else ""
-            )
-            log.info("%s %s policies run on %s%s", spec.architecture, spec.inference_dtype,
+            why = ""
+            if policy.inference_engine != preferred:
+                # A user's module is unknown to the engines that compile a built-in network.
+                serves = engine(preferred).row.architectures
+                why = (
+                    f" ({preferred} serves only the {', '.join(sorted(serves))} networks)"
+                    if spec.architecture not in serves
+                    else f" ({preferred} does not serve them)"
+                )
+            log.info("%s %s policies run on %s%s", network, spec.inference_dtype,
                      policy.inference_engine, why)  # fmt: skip
         return policy

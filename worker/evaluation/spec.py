@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from neuro.envs.make import PAPER
 from neuro.inference import FLOAT32
 from neuro.noise import NoiseTableSpec
+from neuro.policy_spec import UserPolicy
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class NetworkKey:
     env_id: str
     atari_dynamics: str
     inference_dtype: str
+    policy: UserPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class DecoderKey:
     hidden_sizes: tuple[int, ...]
     env_id: str
     atari_dynamics: str
+    policy: UserPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -77,11 +80,13 @@ class EvaluationSpec:
     observation_size: int = 0
     """ES with observation normalisation: the fetched version ends with the observation mean
     and std (this many values each), and the task reports its observations' sums."""
+    policy: UserPolicy | None = None
+    """A user's network (architecture "module"): its factory and options."""
 
     @property
     def network_key(self) -> NetworkKey:
         return NetworkKey(self.architecture, self.hidden_sizes, self.env_id,
-                          self.atari_dynamics, self.inference_dtype)  # fmt: skip
+                          self.atari_dynamics, self.inference_dtype, self.policy)  # fmt: skip
 
     @property
     def genome_key(self) -> GenomeKey:
@@ -91,4 +96,5 @@ class EvaluationSpec:
     @property
     def decoder_key(self) -> DecoderKey:
         return DecoderKey(self.noise_table, self.mutation_power, self.architecture,
-                          self.hidden_sizes, self.env_id, self.atari_dynamics)  # fmt: skip
+                          self.hidden_sizes, self.env_id, self.atari_dynamics,
+                          self.policy)  # fmt: skip

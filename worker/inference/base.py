@@ -15,8 +15,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from neuro.inference import BATCHED, CPU, FLOAT32, PER_GENOME, EngineRow
+from neuro.inference import BATCHED, CPU, FLOAT32, MODULE_ARCHITECTURE, PER_GENOME, EngineRow
 from neuro.layout import Layout, parameter_layout
+from neuro.policy_spec import UserPolicy, init_scale_of
 
 __all__ = ["Engine", "Forward", "GroupedForward", "NetSpec", "NetWeights"]
 
@@ -33,13 +34,28 @@ class NetSpec:
     calibration: np.ndarray | None = field(default=None, compare=False, repr=False)
     """int8-static: the (frames, *observation_shape) uint8 observations its activation scales
     are calibrated on (worker/play/calibration.py); None for other dtypes."""
+    policy: UserPolicy | None = None
+    """A user's network (architecture "module"): its factory and options."""
+    module_layout: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """A user's network: its parameters' names and shapes, the genome's layout."""
+    module: Any = field(default=None, compare=False, repr=False)
+    """A user's network: the nn.Module its factory built, which the torch engine's pass binds to
+    the policy's weights (one pass per module: build another spec for another policy)."""
 
     @property
     def layout(self) -> Layout:
-        """(name, shape) of every parameter, in the genome's order (neuro/layout.py)."""
+        """(name, shape) of every parameter, in the genome's order (neuro/layout.py, or a
+        user's module's own: neuro/policy_spec.py)."""
+        if self.architecture == MODULE_ARCHITECTURE:
+            return list(self.module_layout)
         return parameter_layout(
             self.architecture, self.observation_shape, self.n_outputs, self.hidden_sizes
         )
+
+    def init_scale(self) -> np.ndarray:
+        """Per-parameter init scale of the genome's first seed (neuro/policy_spec.py's rule for
+        a user's module, neuro/layout.py's for the built-in networks)."""
+        return init_scale_of(self.architecture, self.layout)
 
 
 class NetWeights:

@@ -1,8 +1,9 @@
 """A policy: one network's flat float32 parameters, its engine's forward pass, the action head.
 
 The genome contract: a flat parameter vector is laid out layer by layer, weight then bias, in
-the order neuro/layout.py lists them. Conv weights are (out, in, kh, kw) and linear weights
-are (out, in), both row-major, as torch stores them.
+the order neuro/layout.py lists them (a user's module: its named_parameters() order,
+neuro/policy_spec.py). Conv weights are (out, in, kh, kw) and linear weights are (out, in),
+both row-major, as torch stores them.
 """
 
 from __future__ import annotations
@@ -14,18 +15,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from neuro.inference import ARCHITECTURES, FLOAT32, MLP_ARCHITECTURE
-from neuro.layout import (
-    ATARI_SHAPE,
-    DEFAULT_MLP_HIDDEN,
-    check_parameter_count,
-    init_scale,
-    parameter_count,
-)
+from neuro.inference import ALL_ARCHITECTURES, FLOAT32, MLP_ARCHITECTURE, MODULE_ARCHITECTURE
+from neuro.layout import ATARI_SHAPE, DEFAULT_MLP_HIDDEN, check_parameter_count, parameter_count
 from neuro.observation_stats import normalise
+from neuro.policy_spec import UserPolicy
 from worker.inference.actions import actions_from_outputs
 from worker.inference.base import Engine, Forward, NetSpec, NetWeights
 from worker.inference.registry import check_preference, preferred_engine, select
+from worker.inference.user_policy import module_spec
 
 __all__ = ["Policy", "actions_from_outputs", "build_policy"]
 
@@ -56,8 +53,9 @@ class Policy:
         self.forward.load()
 
     def __repr__(self) -> str:
+        network = self.spec.policy.factory if self.spec.policy else self.spec.architecture
         return (
-            f"Policy({self.spec.architecture!r}, {self.inference_dtype}, "
+            f"Policy({network!r}, {self.inference_dtype}, "
             f"on {self.inference_engine}, num_params={self.num_params})"
         )
 
@@ -74,7 +72,7 @@ class Policy:
 
     def init_scale(self) -> np.ndarray:
         """Per-parameter init scale: std / sqrt(fan_in) for weights, 0 for biases."""
-        return init_scale(self.parameter_layout)
+        return self.spec.init_scale()
 
     def load_parameters(self, flat: np.ndarray) -> None:
         """Copy a float32 vector of length num_params into the network."""
@@ -114,14 +112,26 @@ def network_spec(
     hidden_sizes: Sequence[int] = (),
     inference_dtype: str = FLOAT32,
     calibration: np.ndarray | None = None,
+    policy: UserPolicy | None = None,
 ) -> NetSpec:
     """The network build_policy builds for these spaces; ValueError naming what does not fit.
 
-    Counted before anything is allocated: sizes from a master must not take 64 GiB."""
-    if architecture not in ARCHITECTURES:
+    Counted before anything is allocated: sizes from a master must not take 64 GiB. A user's
+    network ("module", `policy` naming its factory) is built here, once, to learn its layout;
+    ModuleUnavailable (a ValueError) where its module cannot be imported."""
+    if architecture not in ALL_ARCHITECTURES:
         raise ValueError(
-            f"unknown architecture {architecture!r}; valid: {', '.join(ARCHITECTURES)}"
+            f"unknown architecture {architecture!r}; valid: {', '.join(ALL_ARCHITECTURES)}"
         )
+    if (architecture == MODULE_ARCHITECTURE) != (policy is not None):
+        raise ValueError(
+            f"architecture {architecture!r} with policy {policy!r}: a user's policy is the "
+            f"{MODULE_ARCHITECTURE!r} architecture, and that architecture needs one"
+        )
+    if policy is not None:
+        if hidden_sizes:
+            raise ValueError(f"policy {policy.factory} takes options, not hidden_sizes")
+        return module_spec(policy, observation_space, action_space, inference_dtype)
     obs_shape = tuple(getattr(observation_space, "shape", None) or ())
     if isinstance(action_space, gym.spaces.Discrete):
         n_out = int(action_space.n)
@@ -160,8 +170,10 @@ def build_policy(
     inference_dtype: str = FLOAT32,
     inference_engine: str | None = None,
     calibration: np.ndarray | None = None,
+    policy: UserPolicy | None = None,
 ) -> Policy:
-    """Build the named network for these spaces with zeroed parameters.
+    """Build the named network for these spaces with zeroed parameters (`policy`: a user's
+    network, architecture "module").
 
     `inference_engine`: the engine to prefer (None: preferred_engine(), onnxruntime where it
     is installed); a dtype or network it does not serve runs on the next engine that does, and
@@ -169,6 +181,6 @@ def build_policy(
     policy sets its activation scales on (worker/play/calibration.py); other dtypes take
     none."""
     spec = network_spec(architecture, observation_space, action_space, hidden_sizes,
-                        inference_dtype, calibration)  # fmt: skip
+                        inference_dtype, calibration, policy)  # fmt: skip
     prefer = check_preference(preferred_engine() if inference_engine is None else inference_engine)
     return Policy(spec, action_space, select(spec.dtype, architecture, prefer=prefer))

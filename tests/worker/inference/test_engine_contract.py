@@ -14,26 +14,31 @@ import hashlib
 import itertools
 from dataclasses import dataclass
 
+import gymnasium as gym
 import numpy as np
 import pytest
+from torch import nn
 
 from neuro.inference import (
-    ARCHITECTURES,
+    ALL_ARCHITECTURES,
     BATCHED,
     CPU,
     DEVICES,
     INFERENCE_DTYPES,
     INFERENCE_ENGINES,
     INT8_STATIC,
+    MODULE_ARCHITECTURE,
     PER_GENOME,
     RUNNERS,
     TABLE,
     engine_row,
     engines_for,
 )
-from neuro.layout import ATARI_SHAPE, init_scale, parameter_count
+from neuro.layout import ATARI_SHAPE, parameter_count
+from neuro.policy_spec import user_policy
 from worker.inference.base import Engine, NetSpec, NetWeights
 from worker.inference.registry import ENGINES, select
+from worker.inference.user_policy import module_spec
 
 N_OUT = 6
 MLP_SHAPE = (8,)
@@ -55,12 +60,27 @@ class Case:
         return f"{self.engine.name}-{self.architecture}-{self.dtype}-{self.device}"
 
     def spec(self) -> NetSpec:
+        if self.architecture == MODULE_ARCHITECTURE:
+            # A user's network: this module's own factory (a module path any process imports).
+            return module_spec(
+                user_policy(f"{__name__}:user_network"),
+                gym.spaces.Box(-np.inf, np.inf, MLP_SHAPE, np.float32),
+                gym.spaces.Discrete(N_OUT),
+                self.dtype,
+            )
         atari = self.architecture != "mlp"
         return NetSpec(
             self.architecture, ATARI_SHAPE if atari else MLP_SHAPE, N_OUT,
             () if atari else HIDDEN, self.dtype,
             FRAMES if self.dtype == INT8_STATIC else None,
         )  # fmt: skip
+
+
+def user_network(observation_space: gym.Space, action_space: gym.Space) -> nn.Module:
+    """A user's network as a factory returns it: a conv-free module of its own layer names."""
+    return nn.Sequential(
+        nn.Linear(MLP_SHAPE[0], HIDDEN[0]), nn.ELU(), nn.Linear(HIDDEN[0], int(action_space.n))
+    )
 
 
 def served_cases() -> list[Case]:
@@ -70,7 +90,7 @@ def served_cases() -> list[Case]:
         Case(engine, dtype, architecture, device)
         for engine in ENGINES
         for dtype, architecture, device in itertools.product(
-            INFERENCE_DTYPES, ARCHITECTURES, DEVICES
+            INFERENCE_DTYPES, ALL_ARCHITECTURES, DEVICES
         )
         if engine.row.serves(dtype, architecture, engine.runner, device)
     ]
@@ -84,7 +104,7 @@ def genome(spec: NetSpec, seed: int) -> np.ndarray:
     zero nor saturated."""
     rng = np.random.default_rng(seed)
     count = parameter_count(spec.layout)
-    theta = rng.standard_normal(count) * init_scale(spec.layout) * 3
+    theta = rng.standard_normal(count) * spec.init_scale() * 3
     return (theta + rng.standard_normal(count) * 0.01).astype(np.float32)
 
 
@@ -164,7 +184,9 @@ def test_it_refuses_by_name_what_it_does_not_serve(engine: Engine) -> None:
     refused = 0
     # A per-genome engine builds on the CPU; the batched one on the device it is given.
     devices = (CPU,) if engine.runner == PER_GENOME else DEVICES
-    for dtype, architecture, device in itertools.product(INFERENCE_DTYPES, ARCHITECTURES, devices):
+    for dtype, architecture, device in itertools.product(
+        INFERENCE_DTYPES, ALL_ARCHITECTURES, devices
+    ):
         if engine.row.serves(dtype, architecture, engine.runner, device):
             continue
         spec = Case(engine, dtype, architecture, device).spec()
@@ -188,7 +210,7 @@ def test_the_registry_serves_exactly_the_shared_table() -> None:
     with pytest.raises(ValueError, match="'tpu'"):
         engine_row("tpu")
     for dtype, architecture, runner, device in itertools.product(
-        INFERENCE_DTYPES, ARCHITECTURES, RUNNERS, DEVICES
+        INFERENCE_DTYPES, ALL_ARCHITECTURES, RUNNERS, DEVICES
     ):
         if not engines_for(dtype, architecture, runner, device):
             with pytest.raises(ValueError, match=repr(dtype)):
