@@ -1,6 +1,7 @@
 """neuro's own gymnasium envs: toy tasks for studying GA settings in seconds.
 
-Ids (call `register_envs()` first; the master and the workers do):
+Ids (registered when neuro.envs is imported, gymnasium's convention, so
+`gym.make("neuro.envs:neuro/Memorize-v0")` works too; the sized variants on first use):
 
 - `neuro/Memorize-v0`: K=64 random Gaussian vectors of dimension D=16, 10 random classes;
   reward -1 per wrong answer, K steps; return = -(number wrong), 0 is perfect.
@@ -107,3 +108,6 @@ def _register(env_id: str, task: str, sizes: dict[str, int]) -> None:
         max_episode_steps=num_examples,
         reward_threshold=float(num_examples) if env_class.until_mistake else 0.0,
     )
+
+
+register_envs()  # importing the package registers its ids, as gymnasium packages do

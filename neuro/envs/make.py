@@ -1,4 +1,5 @@
-"""Env factory: gymnasium ids as users type them, Atari under the paper's protocol by default."""
+"""Env factory: gymnasium ids as users type them (neuro.envs.ids), Atari under the paper's
+protocol by default."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
-from neuro.envs import ENTRY_POINT_PREFIX, register_envs
+from neuro.envs import ENTRY_POINT_PREFIX
+from neuro.envs.ids import env_spec
+from neuro.policy_spec import ModuleUnavailable
 
 PAPER = "paper"
 REGISTERED = "registered"
@@ -65,13 +68,11 @@ class EnvKind:
 
 
 def inspect_env_id(env_id: str) -> EnvKind:
-    """Resolves an id through gymnasium's registry (with ale-py's and neuro's ids registered)."""
+    """Resolves an id through gymnasium's registry (with ale-py's and neuro's ids registered,
+    a `module:Env-id`'s module imported); ValueError naming the id (ModuleUnavailable naming
+    the module) where it cannot be."""
     register_atari()
-    register_envs(env_id)
-    try:
-        spec = gym.spec(env_id)
-    except gym.error.Error as error:
-        raise ValueError(f"unknown env id {env_id!r}: {error}") from None
+    spec = env_spec(env_id)
     atari = str(spec.entry_point).startswith("ale_py")
     deterministic = str(spec.entry_point).startswith(ENTRY_POINT_PREFIX)
     return EnvKind(env_id, atari, spec.reward_threshold, deterministic)
@@ -79,8 +80,7 @@ def inspect_env_id(env_id: str) -> EnvKind:
 
 def is_atari(env_id: str) -> bool:
     register_atari()
-    register_envs(env_id)
-    return str(gym.spec(env_id).entry_point).startswith("ale_py")
+    return str(env_spec(env_id).entry_point).startswith("ale_py")
 
 
 def make_env(env_id: str, dynamics: str = PAPER, render_mode: str | None = None) -> EnvHandle:
@@ -89,13 +89,16 @@ def make_env(env_id: str, dynamics: str = PAPER, render_mode: str | None = None)
     `render_mode="rgb_array"` lets a replay record video; it leaves the dynamics unchanged.
     """
     register_atari()
-    register_envs(env_id)  # neuro's toy tasks (neuro/Memorize-v0, ...)
     try:
-        spec = gym.spec(env_id)
-    except gym.error.Error as error:
+        spec = env_spec(env_id)  # neuro's toy tasks, a module:Env-id's module, entry points
+    except ModuleUnavailable:
+        raise
+    except ValueError as error:
         raise ValueError(f"cannot build env {env_id!r}: {error}") from None
     if not str(spec.entry_point).startswith("ale_py"):
-        env = gym.make(env_id, render_mode=render_mode)
+        # Only when asked: a user's env need not take render_mode.
+        recording = {} if render_mode is None else {"render_mode": render_mode}
+        env = gym.make(spec, **recording)
         return EnvHandle(env, atari=False, dynamics=None, frames_used=lambda s: s)
     if dynamics == PAPER:
         return EnvHandle(_paper_atari(spec.kwargs["game"], render_mode), True, PAPER, paper_frames)
@@ -108,7 +111,7 @@ def make_env(env_id: str, dynamics: str = PAPER, render_mode: str | None = None)
 def atari_game(env_id: str) -> str:
     """The ROM name behind an Atari id (Frostbite-v4 -> "frostbite")."""
     register_atari()
-    return gym.spec(env_id).kwargs["game"]
+    return env_spec(env_id).kwargs["game"]
 
 
 def paper_frames(steps: int) -> int:

@@ -18,7 +18,8 @@ class Sides(gym.Env):
     STEPS = 16
     SIZE = 8
 
-    def __init__(self) -> None:
+    def __init__(self, render_mode: str | None = None) -> None:
+        self.render_mode = render_mode
         self.observation_space = gym.spaces.Box(0, 255, (1, self.SIZE, self.SIZE), np.uint8)
         self.action_space = gym.spaces.Discrete(2)
         self._step = 0
