@@ -30,7 +30,9 @@ from master.config import (
     ALGORITHMS,
     ARCHITECTURES,
     ATARI_DYNAMICS,
+    FLAG_NAMES,
     INFERENCE_DTYPES,
+    NOT_SETTINGS,
     SECTIONS,
     RunConfig,
     check_setting,
@@ -145,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="extra argument for local workers (repeatable)",
     )
+    _add_study_flags(p)
     _add_s3_flags(p)
     _add_monitoring_flags(p)
     _add_security_flags(p)
@@ -176,10 +179,9 @@ _RUN_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (_FLEET, ("lease_seconds", "max_task_attempts", "episodes_per_task")),
 )  # fmt: skip
 _BUDGET_FIELDS = ("generations", "frames", "target_score")
-# RunConfig fields that are no flag: set from --env, --algo or by the run itself.
-_NOT_FLAGS = frozenset({"env_id", "atari", "sections", "algorithm", "run_id"})
-# Flag names kept from before the flags were generated, so scripts and templates keep working.
-_FLAG_NAMES = {"architecture": "--policy", "hidden_sizes": "--hidden"}
+# RunConfig's fields that are no flag (NOT_SETTINGS: set from --env, --algo or by the run) and
+# the flag names kept from before the flags were generated (FLAG_NAMES) are master.config's,
+# which a study file's setting names follow too.
 _TYPES: dict[str, Callable[[str], Any]] = {"hidden_sizes": _hidden_sizes}
 _CHOICES = {"architecture": ARCHITECTURES, "atari_dynamics": ATARI_DYNAMICS,
             "inference_dtype": INFERENCE_DTYPES}  # fmt: skip
@@ -204,7 +206,7 @@ def _settings() -> tuple[_Setting, ...]:
     settings: dict[str, _Setting] = {}
     grouped = {*_BUDGET_FIELDS, *(name for _, names in _RUN_GROUPS for name in names)}
     leftover = tuple(f.name for f in dataclasses.fields(RunConfig)
-                     if f.init and f.name not in grouped | _NOT_FLAGS)  # fmt: skip
+                     if f.init and f.name not in grouped | NOT_SETTINGS)  # fmt: skip
     groups: list[tuple[str | None, type, tuple[str, ...], SettingsSection[Any] | None]] = [
         (_BUDGET, RunConfig, _BUDGET_FIELDS, None),
         *((_section_title(s), s.settings, _section_flags(s), s) for s in SECTIONS),
@@ -213,7 +215,7 @@ def _settings() -> tuple[_Setting, ...]:
     ]
     for group, cls, names, section in groups:
         docs, hints = _field_docs(cls), typing.get_type_hints(cls)
-        flag_names = _FLAG_NAMES if section is None else section.flag_names
+        flag_names = FLAG_NAMES if section is None else section.flag_names
         for name in names:
             if name in settings:
                 continue  # the ES's seed is the GA's --seed
@@ -269,9 +271,8 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--env",
         default=os.environ.get("NEURO_ENV"),
-        required="NEURO_ENV" not in os.environ,
         help="gymnasium id: Frostbite-v4, ALE/Frostbite-v5, CartPole-v1, "
-        "neuro/Memorize-K10-v0, ... (env NEURO_ENV)",
+        "neuro/Memorize-K10-v0, ... (env NEURO_ENV); required unless --study",
     )
     p.add_argument(
         "--host",
@@ -306,6 +307,33 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
         help="checkpoint this often within a generation (and after each one)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stdout")
+
+
+def _add_study_flags(p: argparse.ArgumentParser) -> None:
+    from master.study.file import ready_studies
+
+    study = p.add_argument_group("study: many runs from one file (docs/algorithms.md, Studies)")
+    study.add_argument(
+        "--study",
+        default=os.environ.get("NEURO_STUDY") or None,
+        metavar="FILE|NAME",
+        help="a study file (TOML: envs x seeds x settings), or a ready study by name ("
+        f"{', '.join(ready_studies())}): its runs, each with its env, settings and budget, "
+        "checked whole before anything starts (env NEURO_STUDY)",
+    )
+    study.add_argument(
+        "--study-dir",
+        default=os.environ.get("NEURO_STUDY_DIR") or None,
+        metavar="DIR",
+        help="the study's dir: study.toml, study.json and runs/NAME/ for each run (default "
+        "studies/STUDY; env NEURO_STUDY_DIR); the same command again resumes the study",
+    )
+    study.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --study: check the study (and its dir, if it exists, by the resume rules), "
+        "print its runs (name, env, seed, budget, state) and exit",
+    )
 
 
 def _add_s3_flags(p: argparse.ArgumentParser) -> None:
@@ -386,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s master %(message)s")
     if args.local_workers < 0:
         parser.error(f"--local-workers must be >= 0, got {args.local_workers}")
+    if args.study is not None or args.dry_run:
+        return _study_main(parser, args)
+    if args.env is None:
+        parser.error("the following arguments are required: --env (or --study)")
     run_dir = Path(
         args.run_dir or f"runs/{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
@@ -427,6 +459,47 @@ def _lock_error(run_dir: Path, error: Exception) -> str:
     if isinstance(error, OSError) and error.strerror:
         return f"cannot lock run dir {run_dir}: {error.strerror}"
     return str(error)
+
+
+def _study_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """--study: the study file and its dir checked (exit 2, naming the run and the value); with
+    --dry-run its runs are printed. Serving them is not built yet: exit 1 saying so."""
+    from master.run.local_workers import batched_local_workers, listed_gpus
+    from master.study.file import StudyError, load_study
+    from master.study.listing import study_listing
+    from master.study.studydir import StudyDir, StudyDirError
+
+    if args.study is None:
+        parser.error("--dry-run goes with --study FILE|NAME")
+    _refuse_run_flags(parser, args)
+    batched = batched_local_workers(args.worker_arg, args.local_workers, listed_gpus())
+    try:
+        study = load_study(args.study, batched)
+        study_dir = StudyDir(args.study_dir or Path("studies") / study.name)
+        plan = study_dir.plan(study)
+    except (StudyError, StudyDirError) as error:
+        parser.error(str(error))
+    if not args.dry_run:
+        print("neuro-master: serving a study is not built yet; --dry-run checks it and lists "
+              "its runs", file=sys.stderr)  # fmt: skip
+        return 1
+    print("\n".join(study_listing(study, study_dir, plan)))
+    return 0
+
+
+def _refuse_run_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A study's runs take their env, algorithm, settings and run dirs from the study: a flag
+    that would set them is refused, naming it (their environment variables are left alone)."""
+    given = [s.flag for s in _settings() if getattr(args, s.name) is not None]
+    given += [flag for flag, on in (("--algo", args.algorithm is not None),
+                                    ("--no-target", args.no_target)) if on]  # fmt: skip
+    for flag, value, variable in (("--env", args.env, "NEURO_ENV"),
+                                  ("--run-dir", args.run_dir, "NEURO_RUN_DIR")):  # fmt: skip
+        if value is not None and value != os.environ.get(variable):
+            given.append(flag)
+    if given:
+        parser.error(f"{given[0]}: a study's runs take their envs, settings and run dirs from "
+                     "the study file and its dir (--study-dir)")  # fmt: skip
 
 
 def _resolve_config(

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import math
+import typing
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,11 +48,14 @@ __all__ = [
     "ATARI_DYNAMICS",
     "INFERENCE_DTYPES",
     "MAX_EVALUATIONS_PER_GENERATION",
+    "NOT_SETTINGS",
     "SECTIONS",
     "EnvKind",
     "GAConfig",
     "RunConfig",
     "check_setting",
+    "checked_settings",
+    "config_from_settings",
     "env_step_limit",
     "inspect_env_id",
     "preset",
@@ -236,13 +242,21 @@ class RunConfig:
                 f"{self.architecture} {list(self.hidden_sizes)} has at least {floor} parameters"
             )
 
-    def _check_generation_size(self) -> None:
-        """Refused before the master allocates a generation's bookkeeping it cannot hold."""
-        sizes = [
+    @property
+    def evaluations_per_generation(self) -> int:
+        """Episodes one generation asks for, each settings section's share added."""
+        return sum(size for size, _ in self._generation_sizes())
+
+    def _generation_sizes(self) -> list[tuple[int, str]]:
+        return [
             section.generation_size(self.sections[section.name])
             for section in get(self.algorithm).sections
             if section.generation_size is not None
         ]
+
+    def _check_generation_size(self) -> None:
+        """Refused before the master allocates a generation's bookkeeping it cannot hold."""
+        sizes = self._generation_sizes()
         total = sum(size for size, _ in sizes)
         formula = " + ".join(formula for _, formula in sizes)
         if total > MAX_EVALUATIONS_PER_GENERATION:
@@ -371,3 +385,111 @@ def env_step_limit(env_id: str) -> int:
     except gym.error.Error:
         return 0
     return int(spec.max_episode_steps or 0)
+
+
+NOT_SETTINGS = frozenset({"env_id", "atari", "sections", "algorithm", "run_id"})
+"""RunConfig fields no flag and no study sets: --env, --algo and the run itself set them."""
+FLAG_NAMES = {"architecture": "--policy", "hidden_sizes": "--hidden"}
+"""RunConfig's settings whose flag is not named after the field (kept from before the flags
+were generated, so scripts and templates keep working); a section names its own."""
+_SWITCHES = {"algorithm": str, "no_target": bool}
+"""What neuro-master's flags set besides the settings: --algo, and --no-target (no target)."""
+
+
+@functools.cache
+def setting_aliases() -> dict[str, str]:
+    """A setting's flag name where it is not the field's (population: population_size), as a
+    study file may write it, to the field's name."""
+    flags = dict(FLAG_NAMES)
+    for section in SECTIONS:
+        flags.update(section.flag_names)
+    aliases = {flag.removeprefix("--").replace("-", "_"): name for name, flag in flags.items()}
+    return {alias: name for alias, name in aliases.items() if alias != name}
+
+
+@functools.cache
+def setting_types() -> dict[str, Any]:
+    """Every setting a new run may be given by name (neuro-master's flags, a study file), with
+    its type: RunConfig's own fields, then each settings section's (but its fixed ones; a name
+    two sections share, as seed, once)."""
+    hints = typing.get_type_hints(RunConfig)
+    types = {f.name: hints[f.name] for f in dataclasses.fields(RunConfig)
+             if f.init and f.name not in NOT_SETTINGS}  # fmt: skip
+    for section in SECTIONS:
+        section_hints = typing.get_type_hints(section.settings)
+        for name in section.field_names:
+            if name not in section.fixed:
+                types.setdefault(name, section_hints[name])
+    return types
+
+
+def config_from_settings(
+    env_id: str, settings: Mapping[str, Any], batched: bool = False
+) -> RunConfig:
+    """A new run's config from settings named as neuro-master's flags name them, through the
+    flags' checks (checked_settings) and the same preset; ValueError naming the setting and
+    its value, or the env id."""
+    kind = inspect_env_id(env_id)
+    overrides = checked_settings(settings)
+    if overrides.pop("no_target", False):
+        overrides["target_score"] = None
+    algorithm = overrides.pop("algorithm", DEFAULT_ALGORITHM)
+    return preset(kind, batched, algorithm=algorithm, **overrides)
+
+
+def checked_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings by their fields' names, each held alone to its flag's type and bounds (as
+    neuro-master's flags are at parse time); ValueError naming the setting and its value.
+
+    Names are RunConfig's and the sections' fields, or the flags' own where they differ
+    (population, policy, hidden), and "algorithm" and "no_target" as --algo and --no-target.
+    Values arrive typed (a study file's TOML): an integer setting takes an integer, a number
+    one an integer or a float, hidden_sizes a list of positive integers (or "64,64").
+    """
+    types, aliases = setting_types(), setting_aliases()
+    checked: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for given, value in settings.items():
+        name = aliases.get(given, given)
+        hint = _SWITCHES.get(name) or types.get(name)
+        if hint is None:
+            known = [*types, *aliases, *_SWITCHES]
+            close = difflib.get_close_matches(given, known, n=1)
+            hint_text = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(f"unknown setting {given!r}{hint_text}")
+        if name in spelled:
+            raise ValueError(f"{name} is given twice (as {spelled[name]} and as {given})")
+        spelled[name] = given
+        checked[name] = _typed(name, hint, value)
+    return checked
+
+
+def _typed(name: str, hint: Any, value: Any) -> Any:
+    """`value` as the setting's flag would have made it, or ValueError naming both."""
+    if name == "hidden_sizes":
+        if isinstance(value, str):  # as the flag writes it
+            parts = [part.strip() for part in value.split(",")]
+            value = [int(part) if part.isdigit() else part for part in parts]
+        ok = isinstance(value, list | tuple) and bool(value)
+        ok = ok and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+        if not ok:
+            raise ValueError(f"hidden_sizes must be a list of positive integers, got {value!r}")
+        return tuple(value)
+    types = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
+    kind = types[0] if len(types) == 1 else None
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif kind is str:
+        ok = isinstance(value, str)
+    else:
+        raise TypeError(f"no setting type for {name}: {hint!r}")
+    if not ok:
+        noun = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+        raise ValueError(f"{name} must be {noun[kind]}, got {value!r}")
+    check_setting(name, value)
+    return value
