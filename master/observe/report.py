@@ -21,9 +21,15 @@ from typing import Any
 import numpy as np
 
 from master.observe.published import Published, load_published
-from neuro.runfiles import CONFIG, FINAL_TEST, METRICS, STUDY_JSON, STUDY_RUNS
+from neuro.runfiles import (
+    CONFIG,
+    FINAL_TEST,
+    FINAL_TEST_FORMAT,
+    METRICS,
+    STUDY_JSON,
+    STUDY_RUNS,
+)
 
-FINAL_TEST_FORMAT = "neuro.final-test/1"
 FINAL_TEST_SOURCE = "final test"
 LAST_ELITE_SOURCE = "last elite"
 """Where a run's score comes from: its final test, or (without one) its last generation's
