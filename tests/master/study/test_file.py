@@ -296,3 +296,14 @@ def test_a_study_names_its_settings_as_the_flags_do() -> None:
     assert set(setting_types()) == set(flags)
     spelled = {flag.removeprefix("--").replace("-", "_"): name for name, flag in flags.items()}
     assert setting_aliases() == {alias: name for alias, name in spelled.items() if alias != name}
+
+
+def test_the_documented_example_is_a_study() -> None:
+    text = (REPO / "docs" / "algorithms.md").read_text()
+    section = text[text.index("### The study file") :]
+    example = section[section.index("```toml") + len("```toml") : section.index("```\n", 10)]
+    study = parse_study(example, "docs.toml")
+    assert study.name == "frostbite-sweep" and len(study.runs) == 2 * 3 + 3 + 1
+    assert study.run("frostbite-v4-t10-s2").config.frames == 20_000_000
+    assert study.run("frostbite-v4-t40-s0").config.ga.truncation == 40
+    assert study.run("frostbite-long").config.frames == 200_000_000
