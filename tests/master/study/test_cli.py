@@ -54,7 +54,7 @@ def test_dry_run_lists_a_ready_studys_runs_and_writes_nothing(
     for run in study.runs:
         line = next(line for line in out.splitlines() if line.startswith(run.name + " "))
         assert run.env in line and line.endswith("queued")
-    assert "1,500,000 frames" in out
+    assert "2,500,000 frames" in out
     assert list(tmp_path.iterdir()) == []
 
 
