@@ -9,7 +9,13 @@ from __future__ import annotations
 import math
 
 from neuro.envs.behaviour import MAX_BEHAVIOUR_SIZE
-from neuro.inference import ARCHITECTURES, INFERENCE_DTYPES, check_combination
+from neuro.envs.ids import import_env_module
+from neuro.inference import (
+    ARCHITECTURES,
+    INFERENCE_DTYPES,
+    MODULE_ARCHITECTURE,
+    check_combination,
+)
 from neuro.layout import (
     ATARI_SHAPE,
     MAX_PARAMS,
@@ -18,6 +24,7 @@ from neuro.layout import (
     parameter_layout,
 )
 from neuro.observation_stats import MAX_OBSERVATION_SIZE
+from neuro.policy_spec import ModuleUnavailable, load_factory
 from neuro.task_limits import MAX_EPISODE_STEPS, MAX_EPISODES_PER_TASK
 from worker.evaluation.spec import EvaluationSpec
 
@@ -32,6 +39,7 @@ __all__ = [
     "PERTURBATION_SIGNS",
     "check_spec",
     "minimum_parameter_count",
+    "unavailable_module",
 ]
 
 MAX_SEEDS = 100_000
@@ -90,9 +98,36 @@ def check_spec(spec: EvaluationSpec) -> EvaluationSpec:
         raise ValueError(
             f"inference dtype {spec.inference_dtype!r} is not one of {', '.join(INFERENCE_DTYPES)}"
         )
+    if (spec.architecture == MODULE_ARCHITECTURE) != (spec.policy is not None):
+        raise ValueError(
+            f"architecture {spec.architecture!r} with factory "
+            f"{spec.policy.factory if spec.policy else None!r}: a user's network is the "
+            f"{MODULE_ARCHITECTURE!r} architecture, and only it has a factory"
+        )
+    if spec.policy is not None:
+        if spec.hidden_sizes:
+            raise ValueError(f"policy {spec.policy.factory} takes options, not hidden sizes")
+        # Its size is known once built (build_policy checks it against MAX_PARAMS and the
+        # decoder against the noise table).
+        check_combination(spec.inference_dtype, spec.architecture)
     if spec.architecture in ARCHITECTURES:  # an unknown one is named by build_policy
         # The shared table: a dtype that no engine runs on this network is refused by name.
         check_combination(spec.inference_dtype, spec.architecture)
         floor = minimum_parameter_count(spec.architecture, spec.hidden_sizes)
         check_parameter_count(floor, spec.noise_table.size)
     return spec
+
+
+def unavailable_module(spec: EvaluationSpec) -> ModuleUnavailable | None:
+    """Why no task like `spec` can run here, if a module it needs (its env's, `module:Env-id`,
+    or its network's factory) cannot be imported here; None if both can. Imports them: the
+    user's code runs here as it will when the task plays."""
+    try:
+        import_env_module(spec.env_id)
+        if spec.policy is not None:
+            load_factory(spec.policy)
+    except ModuleUnavailable as error:
+        return error
+    except ValueError:
+        return None  # not a module problem: the task fails with it when it starts
+    return None

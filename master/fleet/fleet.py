@@ -183,6 +183,25 @@ class Fleet:
         if self._presence.detach(worker_id, token):
             self._pacing.forget(worker_id)
             self.worker_gone(worker_id)
+            # Gone, it refuses nothing; those left may all refuse.
+            self._phases.withdraw_refusal(worker_id, self._presence.workers())
+
+    # -- refusals: workers that cannot import a module the run needs --------------------------
+
+    def refuse(self, worker_id: str, reason: str) -> None:
+        """A worker refuses every task of the run (service.Lease carries why); once every
+        attached worker does, the run stops with that error (evaluate raises RunRefused)."""
+        self._seen(worker_id)
+        self._phases.refuse(worker_id, reason, self._presence.workers())
+
+    def withdraw_refusal(self, worker_id: str) -> None:
+        """A worker asks for tasks without refusing: any refusal it made is over."""
+        if self._phases.refusing(worker_id):
+            self._phases.withdraw_refusal(worker_id, self._presence.workers())
+
+    def refusals(self) -> dict[str, str]:
+        """worker id -> why it refuses the run's tasks, for the workers that do."""
+        return self._phases.refusals()
 
     def worker_gone(self, worker_id: str) -> int:
         """A worker's connection closed (service.Attach): its leases end now, not when they

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -106,6 +107,11 @@ class TaskOutcome(NamedTuple):
     observations: ObservationStats | None = None
 
 
+class RunRefused(RuntimeError):
+    """Every attached worker refuses the run's tasks (a module the run needs cannot be imported
+    on any of them): the run stops with this error, resumable once the module is installed."""
+
+
 def env_seed_for(run_seed: int, task_id: str) -> int:
     """A task's env seed: fixed by the run seed and the task id, whichever worker runs it."""
     return env_seeds(run_seed)(task_id)
@@ -166,6 +172,10 @@ class PhaseLoop:
         self._reissued_total = 0
         self.frames_accepted = 0
         """Frames of every accepted result so far, for throughput figures."""
+        self._refusals: dict[str, str] = {}
+        """worker id -> why it refuses the run's tasks (a module it cannot import)."""
+        self._refused: RunRefused | None = None
+        """Set once every attached worker refuses: evaluate() raises it."""
 
     @property
     def table(self) -> LeaseTable | None:
@@ -186,6 +196,8 @@ class PhaseLoop:
         """
         if self._table is not None:
             raise RuntimeError("a phase is already running")
+        if self._refused is not None:
+            raise self._refused
         tasks = split_into_tasks(requests, self.settings)
         table = LeaseTable(tasks, self.settings.lease_seconds, self.settings.max_attempts,
                            backups=self.settings.backups)  # fmt: skip
@@ -201,6 +213,8 @@ class PhaseLoop:
         self._table = table
         try:
             while not table.complete:
+                if self._refused is not None:
+                    raise self._refused
                 # Lapsed leases are also re-issued on every lease call; this wakes up for the
                 # case where no worker is asking. asyncio.timeout, not wait_for: on Python
                 # 3.11 wait_for swallows a cancel (SIGTERM) that arrives as the phase
@@ -356,6 +370,49 @@ class PhaseLoop:
             self._roster.holds_nothing(worker_id)
         self._wake_if_complete()
         return held
+
+    def refuse(self, worker_id: str, reason: str, attached: Collection[str]) -> None:
+        """A worker refuses every task of the run (its Release hands back those it held): the
+        refusal is kept for Status, and once every worker in `attached` refuses, the run stops
+        with the reason (evaluate() raises RunRefused) instead of leasing on forever."""
+        if self._refusals.get(worker_id) != reason:
+            # repr: the text comes from the worker and may hold newlines or terminal escapes.
+            log.warning("worker %r refuses this run's tasks: %r", worker_id, reason)
+        self._refusals[worker_id] = reason
+        self.check_refusals(attached)
+
+    def withdraw_refusal(self, worker_id: str, attached: Collection[str]) -> None:
+        """A worker no longer refuses (it asked for tasks without a refusal), or is gone; the
+        rest may now all refuse."""
+        if self._refusals.pop(worker_id, None) is not None:
+            log.info("worker %r no longer refuses this run's tasks", worker_id)
+        if self._refusals:
+            self.check_refusals(attached)
+
+    def check_refusals(self, attached: Collection[str]) -> None:
+        """Stops the run if at least one worker is attached and every one of them refuses."""
+        # Sizes first: a fleet of thousands is walked only when enough of them refuse.
+        if self._refused is not None or not attached or len(self._refusals) < len(attached):
+            return
+        reasons = [self._refusals.get(worker_id) for worker_id in attached]
+        if any(reason is None for reason in reasons):
+            return
+        reason, count = Counter(reasons).most_common(1)[0]
+        others = (
+            f" ({len(reasons) - count} of them for other reasons)" if count < len(reasons) else ""
+        )
+        self._refused = RunRefused(
+            f"every attached worker ({len(reasons)}) refuses this run's tasks{others}: {reason}"
+        )
+        log.error("stopping the run: %s", self._refused)
+        self._phase_done.set()
+
+    def refusals(self) -> dict[str, str]:
+        """worker id -> why it refuses the run's tasks, for the workers that do."""
+        return dict(self._refusals)
+
+    def refusing(self, worker_id: str) -> bool:
+        return worker_id in self._refusals
 
     def expire(self) -> None:
         """Re-issues the running phase's lapsed leases now."""

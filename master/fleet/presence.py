@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import KeysView
 
 MAX_ATTACHED = 20_000
 """Workers whose presence (service.Attach) is watched at once; more are refused and fall back
@@ -27,6 +28,10 @@ class Presence:
 
     def __len__(self) -> int:
         return len(self._attached)
+
+    def workers(self) -> KeysView[str]:
+        """The ids of the workers attached now (a live view: sized and searched in O(1))."""
+        return self._attached.keys()
 
     def attach(self, worker_id: str) -> int | None:
         """A worker's presence call opened: a token for detach(), None if too many are open."""

@@ -24,7 +24,7 @@ from master.fleet.tasks import TaskTemplate
 from neuro.observation_stats import ObservationStats
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
-from neuro.wire import MAX_MESSAGE_BYTES, MAX_TASKS_PER_LEASE, worker_id_problem
+from neuro.wire import MAX_ERROR_CHARS, MAX_MESSAGE_BYTES, MAX_TASKS_PER_LEASE, worker_id_problem
 from neuro.wire import MAX_TASK_ID_LENGTH as MAX_ID_LENGTH
 
 MAX_TASK_IDS_PER_CALL = 4096
@@ -58,6 +58,9 @@ PRESENCE_OPTIONS = (
 )
 """The server options that make a vanished worker's Attach call end and let a whole fleet
 attach at once."""
+REFUSED_RETRY_MS = 5000
+"""How often a worker that refuses the run's tasks asks again: its refusal stays current, and
+it hears when the run ends."""
 ATTACH_UPDATE_S = 30.0
 """An Attach call carries a message at least this often: idle connections that nothing
 crosses are closed by some NATs and load balancers, and the worker would reconnect."""
@@ -133,6 +136,8 @@ class EvolutionService(pb_grpc.EvolutionServicer):
         run_id = self._template.run_id
         if self._fleet.tell_complete(request.worker_id):
             return pb.LeaseResponse(run_complete=True, run_id=run_id)
+        if self._refused(request, run_id):
+            return pb.LeaseResponse(retry_after_ms=REFUSED_RETRY_MS, run_id=run_id)
         if self._template.env.env_id in request.unsupported_env_ids:
             # This worker cannot build the run's env; let it wait for another run.
             return pb.LeaseResponse(retry_after_ms=5000, run_id=run_id)
@@ -142,6 +147,17 @@ class EvolutionService(pb_grpc.EvolutionServicer):
         response = pb.LeaseResponse(run_id=run_id)
         self._template.add_tasks(response, granted)
         return response
+
+    def _refused(self, request: pb.LeaseRequest, run_id: str) -> bool:
+        """Whether this worker refuses the run's tasks (a module it cannot import), which the
+        fleet then records; a request without a refusal of this run withdraws any it made."""
+        refusal = request.refusal if request.HasField("refusal") else None
+        if refusal is None or refusal.run_id != run_id:
+            self._fleet.withdraw_refusal(request.worker_id)
+            return False
+        reason = refusal.reason[:MAX_ERROR_CHARS] or "no reason given"
+        self._fleet.refuse(request.worker_id, reason)
+        return True
 
     async def Report(
         self, request: pb.ReportRequest, context: grpc.aio.ServicerContext
@@ -212,6 +228,9 @@ class EvolutionService(pb_grpc.EvolutionServicer):
     ) -> pb.StatusResponse:
         status = with_worker_status(status_response(self._status()), self._fleet.worker_stats())
         status.workers_tracked = self._fleet.workers_tracked()
+        refusals = self._fleet.refusals()
+        for worker in status.worker_status if refusals else ():
+            worker.refusal = refusals.get(worker.worker_id, "")
         return status
 
     async def FetchParameters(

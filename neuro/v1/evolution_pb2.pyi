@@ -63,14 +63,18 @@ class EnvSpec(_message.Message):
     def __init__(self, env_id: _Optional[str] = ..., atari_dynamics: _Optional[_Union[AtariDynamics, str]] = ...) -> None: ...
 
 class PolicySpec(_message.Message):
-    __slots__ = ("architecture", "hidden_sizes", "inference_dtype")
+    __slots__ = ("architecture", "hidden_sizes", "inference_dtype", "factory", "options")
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZES_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    FACTORY_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     architecture: str
     hidden_sizes: _containers.RepeatedScalarFieldContainer[int]
     inference_dtype: str
-    def __init__(self, architecture: _Optional[str] = ..., hidden_sizes: _Optional[_Iterable[int]] = ..., inference_dtype: _Optional[str] = ...) -> None: ...
+    factory: str
+    options: str
+    def __init__(self, architecture: _Optional[str] = ..., hidden_sizes: _Optional[_Iterable[int]] = ..., inference_dtype: _Optional[str] = ..., factory: _Optional[str] = ..., options: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("task_id", "run_id", "genome", "env", "policy", "episodes", "max_episode_steps", "env_seed", "lease_seconds", "perturbation", "behaviour_size")
@@ -141,16 +145,26 @@ class ParametersChunk(_message.Message):
     def __init__(self, version: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("protocol_version", "worker_id", "max_tasks", "unsupported_env_ids")
+    __slots__ = ("protocol_version", "worker_id", "max_tasks", "unsupported_env_ids", "refusal")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
     UNSUPPORTED_ENV_IDS_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
     protocol_version: ProtocolVersion
     worker_id: str
     max_tasks: int
     unsupported_env_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., worker_id: _Optional[str] = ..., max_tasks: _Optional[int] = ..., unsupported_env_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    refusal: RunRefusal
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., worker_id: _Optional[str] = ..., max_tasks: _Optional[int] = ..., unsupported_env_ids: _Optional[_Iterable[str]] = ..., refusal: _Optional[_Union[RunRefusal, _Mapping]] = ...) -> None: ...
+
+class RunRefusal(_message.Message):
+    __slots__ = ("run_id", "reason")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    reason: str
+    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
     __slots__ = ("tasks", "retry_after_ms", "run_complete", "run_id")
@@ -307,7 +321,7 @@ class StatusResponse(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., env_id: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., frames: _Optional[int] = ..., evaluations: _Optional[int] = ..., elite_score: _Optional[float] = ..., elite: _Optional[_Union[Genome, _Mapping]] = ..., tasks_pending: _Optional[int] = ..., tasks_leased: _Optional[int] = ..., tasks_done: _Optional[int] = ..., workers: _Optional[int] = ..., leases_reissued: _Optional[int] = ..., run_complete: _Optional[bool] = ..., worker_status: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., workers_tracked: _Optional[int] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "tasks_leased", "evaluations", "frames", "frames_per_second", "seconds_since_contact", "tasks_failed", "held_off_seconds")
+    __slots__ = ("worker_id", "tasks_leased", "evaluations", "frames", "frames_per_second", "seconds_since_contact", "tasks_failed", "held_off_seconds", "refusal")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASKS_LEASED_FIELD_NUMBER: _ClassVar[int]
     EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -316,6 +330,7 @@ class WorkerStatus(_message.Message):
     SECONDS_SINCE_CONTACT_FIELD_NUMBER: _ClassVar[int]
     TASKS_FAILED_FIELD_NUMBER: _ClassVar[int]
     HELD_OFF_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     tasks_leased: int
     evaluations: int
@@ -324,4 +339,5 @@ class WorkerStatus(_message.Message):
     seconds_since_contact: float
     tasks_failed: int
     held_off_seconds: float
-    def __init__(self, worker_id: _Optional[str] = ..., tasks_leased: _Optional[int] = ..., evaluations: _Optional[int] = ..., frames: _Optional[int] = ..., frames_per_second: _Optional[float] = ..., seconds_since_contact: _Optional[float] = ..., tasks_failed: _Optional[int] = ..., held_off_seconds: _Optional[float] = ...) -> None: ...
+    refusal: str
+    def __init__(self, worker_id: _Optional[str] = ..., tasks_leased: _Optional[int] = ..., evaluations: _Optional[int] = ..., frames: _Optional[int] = ..., frames_per_second: _Optional[float] = ..., seconds_since_contact: _Optional[float] = ..., tasks_failed: _Optional[int] = ..., held_off_seconds: _Optional[float] = ..., refusal: _Optional[str] = ...) -> None: ...

@@ -47,6 +47,9 @@ class HeldTasks:
     """Why the worker must stop (a refused token, an env no task of this run can run on)."""
     unsupported_envs: dict[str, None] = field(default_factory=dict)
     """Env ids that failed to build here, oldest first (a dict: an ordered set)."""
+    refusal: tuple[str, str] | None = None
+    """(run id, why): every task of that run is refused here, since a module it needs cannot
+    be imported; lease requests say so, and its tasks are handed back, not failed."""
 
     def room(self) -> int:
         """How many more tasks to lease: the slots that can run now plus `prefetch` waiting."""
@@ -100,6 +103,27 @@ class HeldTasks:
         """Stops the worker: it hands back what it holds and exits with `reason`."""
         with self.wake:
             self.fatal = reason
+            self.wake.notify_all()
+
+    def refuse(self, run_id: str, reason: str) -> None:
+        """Refuses every task of `run_id`: those held and not playing go to `abandoned`, for the
+        link thread to hand back, and lease requests carry the refusal from now on."""
+        with self.wake:
+            self.refusal = (run_id, reason)
+            for task in [t for t in self.inbox if t.run_id == run_id]:
+                self.inbox.remove(task)
+                self.abandoned.append(task.task_id)
+            self.wake.notify_all()
+
+    def refuses(self, run_id: str) -> bool:
+        with self.wake:
+            return self.refusal is not None and self.refusal[0] == run_id
+
+    def give_back(self, task_id: str) -> None:
+        """A task taken to start that will not run here: handed back by the link thread."""
+        with self.wake:
+            if self.running.pop(task_id, None) is not None:
+                self.abandoned.append(task_id)
             self.wake.notify_all()
 
     def note_unsupported(self, env_id: str) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
-from neuro.wire import MAX_TASK_ID_LENGTH, open_channel
+from neuro.wire import MAX_ERROR_CHARS, MAX_TASK_ID_LENGTH, open_channel
 from worker.client.held import HeldTasks
 from worker.client.stats import WorkerCounters
 from worker.client.wire import CALL_TIMEOUT_S, FIRST_BACKOFF_S, LeasedTask, back_off, leased_task
@@ -154,6 +154,7 @@ class MasterLink:
                     if stopping:
                         self.hand_back(stub)
                         return
+                    self.give_back_refused(stub)
                     now = time.monotonic()
                     if now >= next_heartbeat:
                         next_heartbeat = now + self.heartbeat(stub)
@@ -240,17 +241,19 @@ class MasterLink:
         with held.wake:
             wanted = held.room()
             unsupported = sorted(held.unsupported_envs)
+            refusal = held.refusal
         if wanted <= 0:
             return 0.0
-        reply = stub.Lease(
-            pb.LeaseRequest(
-                protocol_version=pb.PROTOCOL_VERSION_CURRENT,
-                worker_id=self.worker_id,
-                max_tasks=wanted,
-                unsupported_env_ids=unsupported,
-            ),
-            timeout=CALL_TIMEOUT_S,
+        request = pb.LeaseRequest(
+            protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+            worker_id=self.worker_id,
+            max_tasks=wanted,
+            unsupported_env_ids=unsupported,
         )
+        if refusal is not None:
+            run_id, reason = refusal
+            request.refusal.run_id, request.refusal.reason = run_id, reason[:MAX_ERROR_CHARS]
+        reply = stub.Lease(request, timeout=CALL_TIMEOUT_S)
         # Converted once, here: nothing past this holds the wire's Task.
         tasks = [leased_task(task) for task in self._acceptable(reply.tasks, wanted)]
         tasks = self._with_parameters(stub, tasks)
@@ -328,6 +331,24 @@ class MasterLink:
                 held.run_complete = held.run_complete or reply.run_complete
                 held.wake.notify_all()
         return heartbeat_interval(t.lease_seconds for t in tasks)
+
+    def give_back_refused(self, stub: pb_grpc.EvolutionStub) -> None:
+        """Releases the tasks of a run this worker refuses, so the master re-issues them now."""
+        held = self._held
+        with held.wake:
+            task_ids = list(held.abandoned)
+        if not task_ids:
+            return
+        stub.Release(
+            pb.ReleaseRequest(
+                protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+                worker_id=self.worker_id,
+                task_ids=task_ids,
+            ),
+            timeout=CALL_TIMEOUT_S,
+        )
+        with held.wake:  # handed back: a failed call keeps them for the next try
+            del held.abandoned[: len(task_ids)]
 
     def hand_back(self, stub: pb_grpc.EvolutionStub) -> None:
         """Releases every task held, waiting or abandoned, so the master re-issues it at once."""

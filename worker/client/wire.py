@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neuro.inference import MODULE_ARCHITECTURE
 from neuro.noise import NoiseTableSpec
+from neuro.policy_spec import UserPolicy
 from neuro.v1 import evolution_pb2 as pb
 from neuro.wire import ATARI_DYNAMICS_FROM_WIRE, MAX_ERROR_CHARS
 from worker.evaluation.evaluator import Evaluation
@@ -121,8 +123,19 @@ def spec_from_task(task: pb.Task) -> EvaluationSpec:
         ),
         behaviour_size=task.behaviour_size,
         observation_size=task.perturbation.observation_size,
+        policy=user_policy_of(task.policy),
     )
     return check_spec(spec)
+
+
+def user_policy_of(policy: pb.PolicySpec) -> UserPolicy | None:
+    """A task's user network (architecture "module"): its factory and options, checked;
+    ValueError naming what is wrong. None for the built-in networks."""
+    if policy.architecture != MODULE_ARCHITECTURE:
+        if policy.factory or policy.options:
+            raise ValueError(f"a {policy.architecture!r} policy takes no factory or options")
+        return None
+    return UserPolicy(policy.factory, policy.options or "{}")
 
 
 def task_result(task: LeasedTask, evaluation: Evaluation) -> pb.TaskResult:

@@ -21,6 +21,7 @@ from worker.client.presence import Presence
 from worker.client.stats import StatsFile, WorkerCounters, worker_stats
 from worker.client.wire import CALL_TIMEOUT_S, LeasedTask, failed_result, task_result
 from worker.evaluation.evaluator import Evaluation, Evaluator
+from worker.limits import unavailable_module
 from worker.play.envs import EnvBuildError, NotRunnableHere
 from worker.play.rollout import StepTimers
 from worker.runners.per_genome import PerGenomeRunner
@@ -158,6 +159,8 @@ class WorkerClient:
             log.error("task %s could not start: %s", task.task_id, task.refusal)
             self._report_failure(task, task.refusal)
             return
+        if self._refused(task):
+            return
         try:
             runner.start(task.task_id, task.spec)
         except NotRunnableHere as error:
@@ -169,6 +172,21 @@ class WorkerClient:
             else:
                 log.exception("task %s could not start", task.task_id)
             self._report_failure(task, str(error) or type(error).__name__)
+
+    def _refused(self, task: LeasedTask) -> bool:
+        """Whether `task`'s run is refused here (a module it needs cannot be imported): the task
+        is then handed back, not failed, and the master hears why with every lease request."""
+        held = self.held
+        if not held.refuses(task.run_id):
+            assert task.spec is not None
+            missing = unavailable_module(task.spec)
+            if missing is None:
+                return False
+            log.error("worker %s refuses the tasks of run %s: %s", self.worker_id, task.run_id,
+                      missing)  # fmt: skip
+            held.refuse(task.run_id, str(missing))
+        held.give_back(task.task_id)
+        return True
 
     def _report_failure(self, task: LeasedTask, error: str) -> None:
         result = failed_result(task, error)
