@@ -1,6 +1,7 @@
 """The images' Dockerfiles: hadolint-clean, non-root, exec-form, torch-free master, a worker of
-CPU torch by default and CUDA torch by build arg, MuJoCo in the worker only when asked for, and
-a build context that holds what they copy (no Docker engine needed; tests/containers builds and
+CPU torch by default and CUDA torch by build arg, MuJoCo in the worker only when asked for, the
+user's own packages in both when given (USER_PACKAGES), and a build context that holds what
+they copy (no Docker engine needed; tests/containers builds and
 runs the images)."""
 
 from __future__ import annotations
@@ -543,3 +544,72 @@ def test_healthcheck_passes_on_a_serving_master_and_fails_without_one(tmp_path: 
         process.wait(timeout=30)
     assert process.returncode == 0, log.read_text()
     assert run_healthcheck(port) != 0  # a stopped master is unhealthy
+
+
+def run_project_install(role: str, tmp_path: Path, **build_args: str) -> list[list[str]]:
+    """Runs the builder's RUN that installs the project as Docker would (sh -c, the stage's
+    args in the environment) with `python` and `pip` standing in: each pip call's arguments."""
+    values = build_values(role, build_args)
+    builder = parse(DOCKERFILES[role])[0]
+    (run,) = [ins for ins in builder if ins.keyword == "RUN" and "pip install" in ins.args
+              and any(w.startswith("./") for w in shlex.split(ins.args))]  # fmt: skip
+    seen = stage_args(builder, values, run)
+    bin_dir, site, record = tmp_path / "bin", tmp_path / "site", tmp_path / "pip.jsonl"
+    bin_dir.mkdir(parents=True)
+    (site / "torch" / "bin").mkdir(parents=True)
+    (bin_dir / "python").write_text(f"#!/bin/sh\necho {site}\n")  # the site-packages query
+    (bin_dir / "pip").write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"print(json.dumps(sys.argv[1:]), file=open({str(record)!r}, 'a'))\n"
+    )
+    for tool in ("python", "pip"):
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env |= {name: value for name, value in seen.items() if value is not None}
+    done = subprocess.run(["sh", "-c", run.args], env=env, capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("role", sorted(DOCKERFILES))
+def test_user_packages_are_installed_after_the_project_only_when_given(
+    role: str, tmp_path: Path
+) -> None:
+    """USER_PACKAGES: none by default; given, one more pip call after the project's, with
+    each word a spec or option of its own (a local folder, an index's package, pip options)."""
+    (project,) = run_project_install(role, tmp_path / "default")
+    assert project[:2] == ["install", "--no-cache-dir"] and project[2].startswith("./[")
+    assert run_project_install(role, tmp_path / "empty", USER_PACKAGES="") == [project]
+    specs = ("--extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu "
+             "./user-packages/mypkg otherpkg==1.2")  # fmt: skip
+    calls = run_project_install(role, tmp_path / "given", USER_PACKAGES=specs)
+    assert calls == [project, ["install", "--no-cache-dir", *specs.split()]]
+
+
+@pytest.mark.parametrize("role", sorted(DOCKERFILES))
+def test_the_build_context_brings_user_packages_to_the_builder_only(role: str) -> None:
+    """user-packages/ is copied where pip runs (USER_PACKAGES=./user-packages/mypkg names a
+    folder there) and not into the image: only the built venv leaves the builder."""
+    builder, final = parse(DOCKERFILES[role])[0], final_stage(role)
+    copies = [shlex.split(ins.args) for ins in builder if ins.keyword == "COPY"]
+    assert ["user-packages/", "user-packages/"] in copies, copies
+    workdir = [ins.args for ins in builder if ins.keyword == "WORKDIR"][-1]
+    assert workdir == "/src"  # where pip resolves ./user-packages/...
+    assert "USER_PACKAGES" in declared_args(DOCKERFILES[role])
+    final_copies = [ins.args for ins in final if ins.keyword == "COPY"]
+    assert final_copies == ["--from=builder /opt/venv /opt/venv"], final_copies
+    assert (REPO / "user-packages" / "README.md").is_file()
+    assert not dockerignore_excludes("user-packages/mypkg/pyproject.toml")
+    build = f"docker build -f Dockerfile.{role} --build-arg USER_PACKAGES=./user-packages/mypkg"
+    assert build in DOCKERFILES[role].read_text(), "the header shows the build"
+
+
+def test_git_keeps_the_users_packages_out_of_the_repository() -> None:
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "user-packages/mypkg/mypkg/__init__.py",
+         "user-packages/mypkg-0.1.0-py3-none-any.whl", "user-packages/README.md"],
+        capture_output=True, text=True, cwd=REPO, timeout=30,
+    )  # fmt: skip
+    assert ignored.stdout.split() == ["user-packages/mypkg/mypkg/__init__.py",
+                                      "user-packages/mypkg-0.1.0-py3-none-any.whl"]  # fmt: skip
