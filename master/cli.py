@@ -28,7 +28,6 @@ from master.algorithms import registry
 from master.algorithms.settings import SettingsSection
 from master.config import (
     ALGORITHMS,
-    ARCHITECTURES,
     ATARI_DYNAMICS,
     FLAG_NAMES,
     INFERENCE_DTYPES,
@@ -174,8 +173,9 @@ _FLEET = "fleet"
 # A RunConfig field no group names lands among the general options, so a new field is a flag
 # at once.
 _RUN_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("policy and env", ("architecture", "hidden_sizes", "atari_dynamics", "inference_dtype",
-                        "max_episode_steps", "noise_table_size", "noise_table_seed")),
+    ("policy and env", ("architecture", "hidden_sizes", "policy_options", "atari_dynamics",
+                        "inference_dtype", "max_episode_steps", "noise_table_size",
+                        "noise_table_seed")),
     (_FLEET, ("lease_seconds", "max_task_attempts", "episodes_per_task")),
 )  # fmt: skip
 _BUDGET_FIELDS = ("generations", "frames", "target_score")
@@ -183,8 +183,8 @@ _BUDGET_FIELDS = ("generations", "frames", "target_score")
 # the flag names kept from before the flags were generated (FLAG_NAMES) are master.config's,
 # which a study file's setting names follow too.
 _TYPES: dict[str, Callable[[str], Any]] = {"hidden_sizes": _hidden_sizes}
-_CHOICES = {"architecture": ARCHITECTURES, "atari_dynamics": ATARI_DYNAMICS,
-            "inference_dtype": INFERENCE_DTYPES}  # fmt: skip
+# --policy takes a user's factory too (package.module:callable): held to master.config's check.
+_CHOICES = {"atari_dynamics": ATARI_DYNAMICS, "inference_dtype": INFERENCE_DTYPES}
 
 
 @dataclass(frozen=True)
@@ -396,7 +396,14 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
 def _setting(config: RunConfig, setting: _Setting) -> Any:
     """A run setting's value in a config, None where its section is absent (ES on a GA run)."""
     section = config.sections.get(setting.section) if setting.section else config
+    if setting.name == "architecture" and config.policy_factory:
+        return config.policy_factory  # as --policy gave it
     return getattr(section, setting.name, None)
+
+
+def _dir_name(env_id: str) -> str:
+    """An env id as a run dir's name: ALE/Pong-v5 -> ALE_Pong-v5, mypkg:Env-v0 -> mypkg_Env-v0."""
+    return env_id.replace("/", "_").replace(":", "_")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,9 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         return _study_main(parser, args)
     if args.env is None:
         parser.error("the following arguments are required: --env (or --study)")
-    run_dir = Path(
-        args.run_dir or f"runs/{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    run_dir = Path(args.run_dir or f"runs/{_dir_name(args.env)}-{time.strftime('%Y%m%d-%H%M%S')}")
     mirror = _s3_mirror(parser, args.s3_uri) if args.s3_uri is not None else None
     if mirror is None and not run_dir.exists():
         # A new run: its settings are refused (exit 2) before the lock makes the run dir.
@@ -521,6 +526,10 @@ def _resolve_config(
             batched = batched_local_workers(args.worker_arg, args.local_workers, listed_gpus())
             algorithm = args.algorithm or registry.DEFAULT_ALGORITHM
             config = preset(kind, batched, algorithm=algorithm, **overrides)
+            if config.policy is not None:
+                from master.run.algorithm_setup import user_network_layout
+
+                user_network_layout(config)  # the factory, built once here: refused now if bad
             return config, None
         return _resumed_config(args, run_dir, resume, overrides, settings), resume
     except (ValueError, TypeError, CheckpointError) as error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 import typing
 import uuid
@@ -12,7 +13,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from master.algorithms.base import Parameters
@@ -25,20 +25,23 @@ from master.algorithms.registry import (
     get,
     run_sections,
 )
-from neuro.envs import register_envs
+from neuro.envs.ids import env_spec
 from neuro.envs.make import ATARI_DYNAMICS, EnvKind, inspect_env_id
 from neuro.genome import Genome
 from neuro.inference import (
+    ALL_ARCHITECTURES,
     ARCHITECTURES,
     BATCHED,
     FLOAT32,
     INFERENCE_DTYPES,
+    MODULE_ARCHITECTURE,
     PER_GENOME,
     check_combination,
     default_dtype,
 )
 from neuro.layout import ATARI_SHAPE, check_parameter_count, parameter_count, parameter_layout
 from neuro.noise import MAX_NOISE_TABLE_SIZE, PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
+from neuro.policy_spec import UserPolicy, is_factory, user_policy
 from neuro.runfiles import GENOME_FORMAT
 from neuro.task_limits import MAX_EPISODE_STEPS, MAX_EPISODES_PER_TASK
 
@@ -72,6 +75,26 @@ _UINT32_MAX = 2**32 - 1
 """The wire's uint32 fields (the noise table's seed, a task's max_episode_steps and episodes)."""
 
 
+def _network(value: Any) -> str | None:
+    if isinstance(value, str) and value in ALL_ARCHITECTURES:
+        return None
+    if isinstance(value, str) and is_factory(value):
+        try:
+            user_policy(value)
+        except ValueError as error:
+            return f"names no factory ({error})"
+        return None
+    return f"must be one of {', '.join(ARCHITECTURES)} or a user's network, package.module:callable"
+
+
+def _json_object(value: Any) -> str | None:
+    try:
+        UserPolicy("a:b", value or "{}")
+    except (TypeError, ValueError) as error:
+        return f"must be a JSON object of keyword arguments ({error})"
+    return None
+
+
 def _positive_finite(value: float) -> str | None:
     ok = isinstance(value, int | float) and math.isfinite(value) and value > 0
     return None if ok else "must be a positive, finite number of seconds"
@@ -93,6 +116,8 @@ def _int_in(low: int, high: int | None = None) -> Callable[[Any], str | None]:
 
 
 _SETTING_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "architecture": _network,
+    "policy_options": _json_object,
     "lease_seconds": _positive_finite,
     "max_task_attempts": _int_in(1),
     "target_score": _finite_or_none,
@@ -122,9 +147,17 @@ class RunConfig:
     env_id: str
     atari: bool
     architecture: str
-    """Policy network: deepga (paper, 4M params), nature (1.7M), mlp (vector observations)."""
+    """Policy network: deepga (paper, 4M params), nature (1.7M), mlp (vector observations), or
+    a user's torch network, package.module:callable: called with the env's observation and
+    action spaces and --policy-options, it returns an nn.Module (docs/your-own-problem.md)."""
     hidden_sizes: tuple[int, ...] = ()
     """mlp hidden layer sizes, e.g. 64,64."""
+    policy_options: str = ""
+    """A user's network: the keyword arguments its factory is called with, a JSON object such
+    as '{"hidden": 32}' (config.json records it as an object)."""
+    policy_factory: str = ""
+    """A user's network (architecture "module"): package.module:callable, as --policy gave
+    it; empty for the built-in networks."""
     atari_dynamics: str = "paper"
     """Atari only: "paper" (default: the paper's protocol) or "registered" (the env's own)."""
     inference_dtype: str = "float32"
@@ -186,13 +219,15 @@ class RunConfig:
         if not self.algorithm:
             object.__setattr__(self, "algorithm", "es" if "es" in self.sections else "ga")
         self._check_sections()
-        if self.architecture not in ARCHITECTURES:
+        self._check_user_network()
+        if self.architecture not in ALL_ARCHITECTURES:
             raise ValueError(f"architecture {self.architecture!r} is not one of {ARCHITECTURES}")
         if self.atari_dynamics not in ATARI_DYNAMICS:
             raise ValueError(
                 f"atari_dynamics {self.atari_dynamics!r} is not one of {ATARI_DYNAMICS}"
             )
-        if self.atari != (self.architecture != "mlp"):
+        user_network = self.architecture == MODULE_ARCHITECTURE
+        if not user_network and self.atari != (self.architecture != "mlp"):
             kind = "an Atari" if self.atari else "a vector-observation"
             raise ValueError(
                 f"architecture {self.architecture!r} does not fit {kind} env ({self.env_id})"
@@ -205,10 +240,50 @@ class RunConfig:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         for name in _SETTING_CHECKS:
             check_setting(name, getattr(self, name))
-        self._check_network_fits_table()
+        if not user_network:  # a user's network is measured when the master builds it
+            self._check_network_fits_table()
         self._check_generation_size()
         limit = episode_step_limit(self.env_id, self.max_episode_steps)
         object.__setattr__(self, "episode_step_limit", limit)
+
+    @property
+    def policy(self) -> UserPolicy | None:
+        """The user's network (its factory and options); None for the built-in networks."""
+        if self.architecture != MODULE_ARCHITECTURE:
+            return None
+        return UserPolicy(self.policy_factory, self.policy_options or "{}")
+
+    def _check_user_network(self) -> None:
+        """--policy package.module:callable is the "module" architecture with that factory;
+        the options, canonical JSON. ValueError naming what does not fit."""
+        if is_factory(self.architecture):
+            if self.policy_factory not in ("", self.architecture):
+                raise ValueError(
+                    f"architecture {self.architecture!r} and policy_factory "
+                    f"{self.policy_factory!r} name two networks"
+                )
+            object.__setattr__(self, "policy_factory", self.architecture)
+            object.__setattr__(self, "architecture", MODULE_ARCHITECTURE)
+        if self.architecture != MODULE_ARCHITECTURE:
+            if self.policy_factory or self.policy_options:
+                raise ValueError(
+                    f"--policy-options are a user's network's (--policy package.module:callable),"
+                    f" not {self.architecture}'s"
+                )
+            return
+        if not self.policy_factory:
+            raise ValueError(
+                f"architecture {MODULE_ARCHITECTURE!r} is a user's network: give --policy "
+                "package.module:callable"
+            )
+        if self.hidden_sizes:
+            raise ValueError(
+                f"--hidden is the mlp's; a user's network takes --policy-options, got "
+                f"{list(self.hidden_sizes)}"
+            )
+        policy = UserPolicy(self.policy_factory, self.policy_options or "{}")
+        canonical = "" if policy.options_json == "{}" else policy.options_json
+        object.__setattr__(self, "policy_options", canonical)
 
     def _check_sections(self) -> None:
         """Exactly the algorithm's sections, each of its dataclass and fitting the run."""
@@ -271,6 +346,12 @@ class RunConfig:
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.init and f.name not in ("sections", "algorithm")}  # fmt: skip
         own["hidden_sizes"] = list(self.hidden_sizes)
+        # A built-in network's config.json is as it always was; a user's records its factory
+        # and its options as an object.
+        if own.pop("policy_factory"):
+            own["policy_factory"] = self.policy_factory
+        if own.pop("policy_options"):
+            own["policy_options"] = self.policy.options if self.policy else {}
         head = {name: own.pop(name) for name in ("env_id", "atari")}
         recorded = {s.name: self._section_dict(s.name) for s in SECTIONS if s.every_run}
         others = {s.name: self._section_dict(s.name) for s in SECTIONS if not s.every_run}
@@ -287,6 +368,9 @@ class RunConfig:
         given = {s: fields.pop(s.name, None) for s in SECTIONS}
         sections = {s.name: s.settings(**value) for s, value in given.items() if value is not None}
         fields["hidden_sizes"] = tuple(fields["hidden_sizes"])
+        options = fields.get("policy_options")
+        if isinstance(options, Mapping):
+            fields["policy_options"] = UserPolicy("a:b", json.dumps(options)).options_json
         return cls(**fields, sections=sections)
 
     def genome_document(self, genome: Genome) -> dict[str, Any]:
@@ -301,8 +385,16 @@ class RunConfig:
             "mutation_power": get(self.algorithm).mutation_power(self),
             "max_episode_steps": self.max_episode_steps,
             "inference_dtype": self.inference_dtype,
+            **self._policy_document(),
             "seeds": list(genome.seeds),
         }
+
+    def _policy_document(self) -> dict[str, Any]:
+        """A user's network as a genome file records it, for replay to rebuild it."""
+        policy = self.policy
+        if policy is None:
+            return {}
+        return {"policy": {"factory": policy.factory, "options": policy.options}}
 
     def parameters_document(self, parameters: Parameters) -> dict[str, Any]:
         """ES-family parameters for replay: the run dir writes "parameters" as an .npy beside it."""
@@ -356,6 +448,12 @@ def preset(kind: EnvKind, batched: bool = False, **overrides: Any) -> RunConfig:
         }
     # An explicit None is a setting too (target_score=None: no target).
     settings = {**base, **overrides}
+    if is_factory(str(settings["architecture"])):
+        # A user's network: no built-in net's sizes, and no dtype but float32 (the table's).
+        settings["policy_factory"] = settings.pop("architecture")
+        settings["architecture"] = MODULE_ARCHITECTURE
+        if "hidden_sizes" not in overrides:
+            settings.pop("hidden_sizes", None)
     if "inference_dtype" not in settings:
         runner = BATCHED if batched else PER_GENOME
         measured = all(section.learns_quantised for section in recorded)
@@ -379,16 +477,16 @@ def episode_step_limit(env_id: str, max_episode_steps: int) -> int:
 def env_step_limit(env_id: str) -> int:
     """The time limit gymnasium registers for a (non-Atari) env id, which workers' envs keep
     (neuro.envs.make builds them with gym.make); 0 if it has none or the id is not known."""
-    register_envs(env_id)  # neuro's toy tasks, the maze
     try:
-        spec = gym.spec(env_id)
-    except gym.error.Error:
+        spec = env_spec(env_id)  # neuro's toy tasks, the maze, a module:Env-id's module
+    except ValueError:
         return 0
     return int(spec.max_episode_steps or 0)
 
 
-NOT_SETTINGS = frozenset({"env_id", "atari", "sections", "algorithm", "run_id"})
-"""RunConfig fields no flag and no study sets: --env, --algo and the run itself set them."""
+NOT_SETTINGS = frozenset({"env_id", "atari", "sections", "algorithm", "run_id", "policy_factory"})
+"""RunConfig fields no flag and no study sets: --env, --algo, --policy (a user's factory) and
+the run itself set them."""
 FLAG_NAMES = {"architecture": "--policy", "hidden_sizes": "--hidden"}
 """RunConfig's settings whose flag is not named after the field (kept from before the flags
 were generated, so scripts and templates keep working); a section names its own."""

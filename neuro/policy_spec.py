@@ -54,7 +54,6 @@ __all__ = [
     "make_module",
     "module_init_scale",
     "module_layout",
-    "parse_option",
     "user_policy",
 ]
 
@@ -155,23 +154,6 @@ class UserPolicy:
 def user_policy(factory: str, options: Mapping[str, Any] | None = None) -> UserPolicy:
     """A checked UserPolicy; ValueError naming the factory or option at fault."""
     return UserPolicy(factory, _canonical_options(options or {}))
-
-
-def parse_option(text: str) -> tuple[str, Any]:
-    """`KEY=VALUE` (--policy-option) -> (key, value): the value read as JSON where it is JSON
-    (32, 0.5, true, [64, 64], "x"), else taken as a string (tanh)."""
-    key, sep, value = text.partition("=")
-    if not sep or _KEYWORD.fullmatch(key) is None:
-        raise ValueError(
-            f"a policy option looks like NAME=VALUE (NAME a Python name), got {text!r}"
-        )
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError:
-        parsed = value
-    if isinstance(parsed, float) and not math.isfinite(parsed):
-        raise ValueError(f"policy option {key} must be finite, got {value!r}")
-    return key, parsed
 
 
 def import_named(module: str, what: str) -> ModuleType:

@@ -29,7 +29,8 @@ from master.algorithms.ns_es import NoveltyRewardSearchES, NoveltySearchES
 from master.algorithms.settings import RunFacts, SettingsSection
 from neuro.decode import decode_genome
 from neuro.genome import Genome
-from neuro.layout import init_scale, parameter_layout
+from neuro.layout import Layout, parameter_layout
+from neuro.policy_spec import init_scale_of
 
 
 class RunSettings(RunFacts, Protocol):
@@ -55,6 +56,10 @@ class EnvSpaces:
     observation_shape: tuple[int, ...]
     outputs: int
     """Discrete actions: their number; a vector action: its size."""
+    layout: Layout | None = None
+    """A user's network: its parameters' names and shapes, read from the module its factory
+    built (master.run.algorithm_setup); None for a built-in network, whose layout
+    neuro.layout computes."""
 
     @property
     def observation_size(self) -> int:
@@ -93,13 +98,13 @@ def _initial_thetas(
 ) -> list[np.ndarray]:
     """`count` thetas, each one seed's noise times the init scale; seeds drawn from the run's."""
     es = ES_SETTINGS.of(settings)
-    layout = parameter_layout(
+    layout = spaces.layout or parameter_layout(
         settings.architecture, spaces.observation_shape, spaces.outputs, settings.hidden_sizes
     )
     rng = np.random.default_rng(es.seed)
     # One draw per vector, in turn: the first is the seed a plain ES run starts from.
     seeds = [int(rng.integers(2**32)) for _ in range(count)]
-    scale = init_scale(layout)
+    scale = init_scale_of(settings.architecture, layout)
     return [decode_genome(table, scale, es.sigma, [seed]) for seed in seeds]
 
 

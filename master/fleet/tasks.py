@@ -126,6 +126,9 @@ def task_template(
             architecture=config.architecture,
             hidden_sizes=config.hidden_sizes,
             inference_dtype=config.inference_dtype,
+            # A user's network: its factory and options (empty for the built-in networks).
+            factory=config.policy_factory,
+            options=config.policy_options,
         ),
         noise_table=pb.NoiseTableSpec(seed=config.noise_table_seed, size=config.noise_table_size),
         mutation_power=registry.get(config.algorithm).mutation_power(config),

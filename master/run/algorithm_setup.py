@@ -18,6 +18,7 @@ from master.algorithms.base import Algorithm
 from master.algorithms.registry import EnvSpaces
 from master.config import RunConfig
 from master.run.checkpoint import algorithm_section, load_sidecar
+from neuro.layout import Layout
 
 
 def noise_table(config: RunConfig) -> np.ndarray:
@@ -28,16 +29,55 @@ def noise_table(config: RunConfig) -> np.ndarray:
 
 
 def env_spaces(config: RunConfig) -> EnvSpaces:
-    """The run's observation shape and action count, from an env built for the purpose."""
+    """The run's observation shape and action count, from an env built for the purpose (and a
+    user's network's layout: user_network_layout)."""
     from neuro.envs.make import make_env
 
     env = make_env(config.env_id, config.atari_dynamics).env
     try:
         space = env.action_space
         outputs = int(space.n) if hasattr(space, "n") else int(np.prod(space.shape))
-        return EnvSpaces(tuple(env.observation_space.shape), outputs)
+        layout = _module_layout(config, env) if config.policy is not None else None
+        return EnvSpaces(tuple(env.observation_space.shape), outputs, layout)
     finally:
         env.close()
+
+
+def user_network_layout(config: RunConfig) -> Layout:
+    """The parameters (names and shapes, the genome's layout) of the run's user network, whose
+    factory the master calls once, on the env's spaces. ValueError naming the factory where it
+    cannot be imported here (a user's network needs torch on the master too), fails, or does
+    not fit the noise table."""
+    from neuro.envs.make import make_env
+
+    env = make_env(config.env_id, config.atari_dynamics).env
+    try:
+        return _module_layout(config, env)
+    finally:
+        env.close()
+
+
+def _module_layout(config: RunConfig, env: Any) -> Layout:
+    # The factory imports torch itself: this module (and the master) never names it, and a
+    # run of a built-in network never gets here (tests/master/run/test_user_network_setup.py).
+    from neuro.layout import check_parameter_count, parameter_count
+    from neuro.policy_spec import ModuleUnavailable, make_module, module_layout
+
+    policy = config.policy
+    assert policy is not None, "only a user's network has a factory to build"
+    try:
+        module = make_module(policy, env.observation_space, env.action_space)
+    except ModuleUnavailable as error:
+        raise ValueError(
+            f"{error}; the master builds a user's network once to learn its parameters, so "
+            "the package and torch must be importable here too (pip install 'neuro[worker]')"
+        ) from None
+    layout = module_layout(module, f"policy {policy.factory}")
+    try:
+        check_parameter_count(parameter_count(layout), config.noise_table_size)
+    except ValueError as error:
+        raise ValueError(f"policy {policy.factory}: {error} (--noise-table-size)") from None
+    return layout
 
 
 def behaviour_size_of(config: RunConfig) -> int:

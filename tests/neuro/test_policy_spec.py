@@ -25,7 +25,6 @@ from neuro.policy_spec import (
     is_factory,
     load_factory,
     module_init_scale,
-    parse_option,
     user_policy,
 )
 
@@ -64,30 +63,6 @@ def test_a_factory_that_is_no_python_path_is_refused_by_name(factory: str) -> No
 def test_options_that_cannot_travel_are_refused_by_name(options: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         user_policy("a:b", options)
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("hidden=32", ("hidden", 32)),
-        ("rate=0.5", ("rate", 0.5)),
-        ("sizes=[64,64]", ("sizes", [64, 64])),
-        ("act=tanh", ("act", "tanh")),
-        ("flag=true", ("flag", True)),
-        ("name=", ("name", "")),
-    ],
-)
-def test_an_option_value_is_json_where_it_is_json(text: str, expected: tuple) -> None:
-    assert parse_option(text) == expected
-
-
-@pytest.mark.parametrize(
-    ("text", "named"),
-    [("hidden", "'hidden'"), ("=3", "'=3'"), ("2x=3", "'2x=3'"), ("x=NaN", "x must be finite")],
-)
-def test_an_option_that_is_no_name_value_pair_is_refused(text: str, named: str) -> None:
-    with pytest.raises(ValueError, match=named):
-        parse_option(text)
 
 
 def test_a_module_that_cannot_be_imported_is_named() -> None:

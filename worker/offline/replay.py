@@ -8,9 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neuro.envs.ids import import_env_module
 from neuro.envs.make import PAPER, is_atari
+from neuro.inference import MODULE_ARCHITECTURE
 from neuro.layout import DEFAULT_MLP_HIDDEN
 from neuro.noise import PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE, NoiseTableSpec
+from neuro.policy_spec import UserPolicy, load_factory, user_policy
 from neuro.runfiles import BEST_GENOME, GENOME_FORMAT
 from worker.evaluation.evaluator import Evaluator
 from worker.evaluation.spec import EvaluationSpec
@@ -63,7 +66,17 @@ def load_genome_file(path: str | os.PathLike) -> EvaluationSpec:
         inference_dtype=data.get("inference_dtype") or "float32",
         # The .npy then ends with the observation mean and std the policy was trained with.
         observation_size=int(data.get("observation_size") or 0),
+        policy=_user_network(data.get("policy"), path),
     )
+
+
+def _user_network(document: Any, path: str | os.PathLike) -> UserPolicy | None:
+    """A genome file's user network ("policy": factory and options); None for a built-in one."""
+    if document is None:
+        return None
+    if not isinstance(document, dict) or not isinstance(document.get("factory"), str):
+        raise ValueError(f"{str(path)!r}: its policy must name a factory, got {document!r}")
+    return user_policy(document["factory"], document.get("options") or {})
 
 
 def evaluate_policy(
@@ -79,6 +92,7 @@ def evaluate_policy(
     max_episode_steps: int = 0,
     env_seed: int = 0,
     inference_dtype: str | None = None,
+    policy: UserPolicy | None = None,
     evaluator: Evaluator | None = None,
     video: str | os.PathLike | Video | None = None,
 ) -> list[float]:
@@ -89,7 +103,8 @@ def evaluate_policy(
     dir replays its best_genome.json). `video`: an .mp4 path records the first episode, a
     `worker.offline.video.Video` the first `Video.episodes` (the `video` extra); the scores are the
     same either way. `inference_dtype` overrides the genome file's (default: the file's, or
-    float32 for a seed list).
+    float32 for a seed list). `policy`: a user's network for a seed list (a genome file names
+    its own).
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
@@ -98,9 +113,11 @@ def evaluate_policy(
     else:
         env_id = str(env_id_or_genome_file)
         atari = is_atari(env_id)
+        if policy is not None:
+            architecture = MODULE_ARCHITECTURE
         if architecture is None:
             architecture = "deepga" if atari else "mlp"
-        if not atari and not hidden_sizes:
+        if not atari and not hidden_sizes and policy is None:
             hidden_sizes = DEFAULT_MLP_HIDDEN
         default_size = PAPER_NOISE_TABLE_SIZE if atari else SMALL_NOISE_TABLE_SIZE
         spec = EvaluationSpec(
@@ -112,11 +129,17 @@ def evaluate_policy(
             hidden_sizes=tuple(hidden_sizes),
             atari_dynamics=atari_dynamics,
             max_episode_steps=max_episode_steps,
+            policy=policy,
         )
     overrides: dict[str, Any] = {"episodes": episodes, "env_seed": env_seed}
     if inference_dtype is not None:
         overrides["inference_dtype"] = inference_dtype
     spec = EvaluationSpec(**{**spec.__dict__, **overrides})
+    # A user's env or network whose module is not importable here is named (ModuleUnavailable,
+    # a ValueError) before anything is built.
+    import_env_module(spec.env_id)
+    if spec.policy is not None:
+        load_factory(spec.policy)
     if video is not None:
         from worker.offline.video import Video, play_recorded
 
