@@ -194,10 +194,12 @@ def format_status(status: pb.StatusResponse) -> str:
         for name, w in zip(names, status.worker_status, strict=True):
             # A worker that failed every task it got lately is given nothing for a while.
             held_off = f"  held off {w.held_off_seconds:.0f} s" if w.held_off_seconds > 0 else ""
+            # A worker that cannot import a module the run needs says which.
+            refuses = f"  refuses: {printable(w.refusal)}" if w.refusal else ""
             lines.append(
                 f"{name:<{width}}  {w.tasks_leased:>6,}  {w.evaluations:>11,}  "
                 f"{w.frames:>14,}  {w.frames_per_second:>10,.1f}  "
-                f"{w.seconds_since_contact:>10.1f} s  {w.tasks_failed:>6,}{held_off}"
+                f"{w.seconds_since_contact:>10.1f} s  {w.tasks_failed:>6,}{held_off}{refuses}"
             )
     return "\n".join(lines)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from master.fleet.phases import RunRefused
+from master.observe.status import format_status, status_json
 from master.run.checkpoint import load_checkpoint
 from neuro.v1 import evolution_pb2 as pb
 from tests.support.fleet_calls import CURRENT, lease, lease_some
@@ -73,6 +74,10 @@ def test_the_run_stops_with_the_reason_once_every_attached_worker_refuses(tmp_pa
         status = await stub.Status(pb.StatusRequest())
         shown = {w.worker_id: w.refusal for w in status.worker_status}
         assert shown == {"w1": WHY, "w2": ""}
+        # neuro-master status says so, in its table and its JSON.
+        w1_line = next(line for line in format_status(status).splitlines() if line.startswith("w1"))
+        assert w1_line.endswith(f"refuses: {WHY}")
+        assert {w["worker_id"]: w["refusal"] for w in status_json(status)["worker_status"]} == shown
         await asyncio.sleep(0.2)
         assert not live.training.done()
         assert (await lease(stub, "w2")).tasks  # w2 is leased what w1 handed back
