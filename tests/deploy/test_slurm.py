@@ -2,7 +2,8 @@
 
 A run trains across the allocation's cores and ends cleanly, over TLS unless NEURO_TLS=0; a
 run stopped mid-way (scancel --signal=TERM, or the time-limit warning) and requeued resumes
-without losing a generation.
+without losing a generation; a study, given as a file or by name, reaches the job's master with
+the run dir as its study dir, and a study that cannot run is refused before it is queued.
 Under CI=true a cluster that cannot be started fails the tests; elsewhere they skip, saying why.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -77,13 +79,13 @@ def jobs() -> Iterator[list[str]]:
 
 
 def _submit(run_dir: Path, ntasks: int, master_args: list[str], jobs: list[str],
-            **extra_env: str) -> str:  # fmt: skip
-    # The caller's NEURO_TLS never leaks in: a test says which transport it runs.
-    env = {k: v for k, v in os.environ.items() if k != "NEURO_TLS"}
+            cwd: Path | None = None, **extra_env: str) -> str:  # fmt: skip
+    # The caller's NEURO_TLS and NEURO_STUDY never leak in: a test says what it runs.
+    env = {k: v for k, v in os.environ.items() if k not in ("NEURO_TLS", "NEURO_STUDY")}
     env |= {"NEURO_VENV": sys.prefix, "OMP_NUM_THREADS": "1", **extra_env}
     done = subprocess.run([str(SUBMIT), str(run_dir), f"--ntasks={ntasks}", "--parsable",
                            "--", *master_args],
-                          env=env, capture_output=True, text=True, check=True)  # fmt: skip
+                          env=env, cwd=cwd, capture_output=True, text=True, check=True)  # fmt: skip
     job = done.stdout.strip().split(";")[0]
     jobs.append(job)
     return job
@@ -217,3 +219,81 @@ def test_time_limit_warning_requeues(cluster: int, tmp_path: Path, jobs: list[st
     assert int(info["Restarts"]) >= 1
     assert f"at generation {stopped_at}" in log, log
     assert _generations(run_dir) == list(range(10)), log
+
+
+# A study of two tiny CartPole runs, as a user writes one.
+TINY_STUDY = """name = "tiny"
+max_concurrent_runs = 2
+test_episodes = 2
+
+[settings]
+population_size = 20
+elite_candidates = 2
+elite_episodes = 2
+
+[budget]
+generations = 2
+no_target = true
+
+[[grid]]
+envs = ["CartPole-v1"]
+seeds = 2
+"""
+
+
+@pytest.mark.parametrize("given", ["file", "name"])
+def test_a_study_reaches_the_master_of_the_job(
+    cluster: int, tmp_path: Path, jobs: list[str], given: str
+) -> None:
+    """`--study FILE|NAME --dry-run`: the job's master reads the study (a file by the path the
+    wrapper made absolute, from the job's node) and takes the run dir as its study dir."""
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "tiny.toml").write_text(TINY_STUDY)
+    study, heading = (("tiny.toml", f"study tiny ({inputs.resolve() / 'tiny.toml'}): 2 runs")
+                      if given == "file" else ("laptop", "study laptop: 6 runs"))  # fmt: skip
+    run_dir = tmp_path / "study"
+    # Submitted from the file's folder by a relative path, as a user in that folder would.
+    job = _submit(run_dir, 1, ["--study", study, "--dry-run"], jobs, cwd=inputs)
+    info = _wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, 120)
+    log = _log(run_dir, job)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
+    assert f"0 workers, study dir {run_dir.resolve()}" in log, log
+    assert f"{heading}, at most " in log and f"study dir {run_dir.resolve()}\n" in log, log
+    names = ["cartpole-v1-s0", "cartpole-v1-s1"] if given == "file" else ["frostbite-v4-s0"]
+    for name in names:
+        assert re.search(rf"^{name} .* queued$", log, re.M), log
+    # A check writes no study dir and leaves no arguments for a resubmission to reuse.
+    assert sorted(p.name for p in run_dir.iterdir()) == ["slurm"]
+    assert not (run_dir / "slurm" / "master-args").exists()
+
+
+def test_a_study_that_cannot_run_is_refused_before_it_is_queued(
+    cluster: int, tmp_path: Path, jobs: list[str]
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NEURO_STUDY"} | {"NEURO_VENV": sys.prefix}
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TINY_STUDY.replace('"CartPole-v1"', '"NoSuchEnv-v0"'))
+    refusals = {
+        "paper-v2": "no study file 'paper-v2', and no ready study of that name (laptop, paper)",
+        str(tmp_path / "missing.toml"): f"no study file '{tmp_path / 'missing.toml'}'",
+        str(bad): "run nosuchenv-v0-s0 ([[grid]] 1): unknown env id 'NoSuchEnv-v0'",
+    }
+    for study, message in refusals.items():
+        run_dir = tmp_path / "study"
+        done = subprocess.run([str(SUBMIT), str(run_dir), "--parsable", "--", "--study", study],
+                              env=env, capture_output=True, text=True)  # fmt: skip
+        if done.stdout.strip():  # submitted after all: cancelled at the end
+            jobs.append(done.stdout.strip().split(";")[0])
+        assert done.returncode == 2 and not done.stdout, (study, done.stdout, done.stderr)
+        assert done.stderr.startswith("neuro-slurm: the study cannot run: "), done.stderr
+        assert message in done.stderr, (study, done.stderr)
+        assert not (run_dir / "slurm" / "master-args").exists()
+    # The script gives the master its study dir: one among the arguments is refused, by name.
+    run_dir = tmp_path / "given"
+    job = _submit(run_dir, 1, ["--study", "laptop", "--study-dir", "elsewhere"], jobs)
+    info = _wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 120)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0", info
+    assert "--study-dir is set by the script (NEURO_RUN_DIR, NEURO_PORT); leave it out" in _log(
+        run_dir, job
+    )
