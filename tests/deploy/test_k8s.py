@@ -2,8 +2,10 @@
 schemas, and keeps the properties README "Run on Kubernetes" promises: the token only as a
 mounted file, a NetworkPolicy that admits only workers to the master's gRPC port, non-root
 read-only containers with no capabilities, requests and limits everywhere, gRPC probes, a
-worker grace period long enough to hand tasks back, spot placement for workers only, and a
-noise-table cache on a volume that holds it without the pod being evicted.
+worker grace period long enough to hand tasks back, spot placement for workers only, a
+noise-table cache on a volume that holds it without the pod being evicted, and a study (a file
+from a ConfigMap, or a ready study by name) that reaches the master as a study it accepts, with
+its study dir on the run's volume.
 
 kubectl comes from $KUBECTL, PATH or .venv-k8s (`make k8s-tools`); this file installs nothing.
 Without it the tests skip, except under CI=true, where they fail. The checkov scan of the same
@@ -17,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -119,7 +122,7 @@ def _matches(selector: Doc, labels: dict[str, str]) -> bool:
 
 
 def test_builds_are_found():
-    assert {"base", "overlays/spot", "overlays/tensorboard"} <= set(BUILDS)
+    assert {"base", "overlays/spot", "overlays/tensorboard", "overlays/study"} <= set(BUILDS)
 
 
 @pytest.mark.parametrize("build", BUILDS)
@@ -364,6 +367,98 @@ def test_tensorboard_overlay_reads_the_run_dir_read_only_beside_the_master(rende
         "neuro-master",
     ]
     assert [c["name"] for c in _pod(_master(render("base")))["containers"]] == ["master"]
+
+
+# -- a study ---------------------------------------------------------------------------------
+STUDY_OVERLAY = K8S / "overlays" / "study"
+CONFIGMAP_BYTES = 1 << 20
+"""What one ConfigMap may hold (etcd's limit on an object)."""
+
+
+def _master_env(docs: list[Doc]) -> dict[str, str]:
+    """The master container's environment as the pod gets it: its ConfigMaps, then env."""
+    container = _container(_master(docs), "master")
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env |= _one(docs, "ConfigMap", source["configMapRef"]["name"])["data"]
+    return env | _env(container)
+
+
+def _dry_run(env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """neuro-master --dry-run configured by `env` alone, as the image's entrypoint is: the
+    container's paths moved under tmp_path, nothing of this shell's NEURO_* variables."""
+    local = {k: v for k, v in os.environ.items() if not k.startswith("NEURO_")}
+    moved = {k: str(tmp_path / v.lstrip("/")) if v.startswith("/") else v for k, v in env.items()}
+    return subprocess.run([sys.executable, "-m", "master", "--dry-run"], cwd=tmp_path,
+                          env={**local, **moved, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_the_study_overlay_hands_the_master_its_study_file(render, tmp_path: Path) -> None:
+    docs = render("overlays/study")
+    master = _master(docs)
+    container = _container(master, "master")
+    env = _master_env(docs)
+    # The file: a read-only mount of a generated ConfigMap (its name carries the file's hash,
+    # so an edited study rolls the master) holding the overlay's study.toml as it is.
+    study_path = PurePosixPath(env["NEURO_STUDY"])
+    mount = mount_of(container, study_path)
+    assert mount.get("readOnly") is True, mount
+    volume = next(v for v in _pod(master)["volumes"] if v["name"] == mount["name"])
+    configmap = _one(docs, "ConfigMap", volume["configMap"]["name"])
+    assert configmap["metadata"]["name"].startswith("neuro-study-"), configmap["metadata"]
+    (item,) = volume["configMap"]["items"]
+    assert PurePosixPath(mount["mountPath"]) / item["path"] == study_path
+    text = (STUDY_OVERLAY / "study.toml").read_text()
+    assert configmap["data"][item["key"]] == text
+    assert len(text.encode()) < CONFIGMAP_BYTES // 4, "room left in the ConfigMap"
+    # The study dir is on the run's volume beside the run dir, so a replaced pod resumes it.
+    (claim,) = master["spec"]["volumeClaimTemplates"]
+    run_mount = next(m for m in container["volumeMounts"] if m["name"] == claim["metadata"]["name"])
+    assert env["NEURO_STUDY_DIR"].startswith(run_mount["mountPath"] + "/")
+    assert env["NEURO_STUDY_DIR"] != env["NEURO_RUN_DIR"]
+    # The master, configured by that environment alone, accepts the file and lists its runs.
+    local = tmp_path / study_path.relative_to("/")
+    local.parent.mkdir(parents=True)
+    local.write_text(configmap["data"][item["key"]])
+    done = _dry_run(env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"study atari-three ({local}): 9 runs, at most 3 at once, study dir " in done.stdout
+    assert re.search(r"^kangaroo-v4-s2 +Kangaroo-v4 +2 +200,000,000 frames .* queued$",
+                     done.stdout, re.M), done.stdout  # fmt: skip
+    # The base and the other overlays serve one run: no study reaches their master.
+    for build in BUILDS:
+        if build != "overlays/study":
+            assert "NEURO_STUDY" not in _master_env(render(build)), build
+
+
+@pytest.mark.parametrize("study", ["paper", "paper-v2"])
+def test_a_ready_study_is_named_in_the_masters_configmap(
+    kubectl: str, tmp_path: Path, study: str
+) -> None:
+    """The documented overlay: NEURO_STUDY merged into the base's ConfigMap; an unknown name
+    is refused by the master, naming it."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(K8S / "base", overlay)],
+        "configMapGenerator": [{"name": "neuro-master", "behavior": "merge",
+                                "literals": [f"NEURO_STUDY={study}"]}],
+    }))  # fmt: skip
+    out = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    env = _master_env([d for d in yaml.safe_load_all(out.stdout) if d])
+    assert env["NEURO_STUDY"] == study and env["NEURO_ENV"], env
+    done = _dry_run(env, tmp_path)
+    if study == "paper":
+        assert done.returncode == 0, done.stderr
+        assert "study paper: 65 runs, at most 13 at once, study dir " in done.stdout
+        assert f"study dir {tmp_path / env['NEURO_STUDY_DIR'].lstrip('/')}\n" in done.stdout
+    else:
+        assert done.returncode == 2, done.stdout
+        assert "no study file 'paper-v2', and no ready study of that name" in done.stderr
 
 
 def test_no_token_is_generated_from_a_file_in_the_tree():
