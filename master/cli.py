@@ -272,7 +272,8 @@ def _add_serving_flags(p: argparse.ArgumentParser) -> None:
         "--env",
         default=os.environ.get("NEURO_ENV"),
         help="gymnasium id: Frostbite-v4, ALE/Frostbite-v5, CartPole-v1, "
-        "neuro/Memorize-K10-v0, ... (env NEURO_ENV); required unless --study",
+        "neuro/Memorize-K10-v0, mypkg:MyEnv-v0 (mypkg is imported first, on the master and "
+        "every worker), ... (env NEURO_ENV); required unless --study",
     )
     p.add_argument(
         "--host",
