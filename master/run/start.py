@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from master.algorithms import registry
 from master.config import RunConfig
-from master.fleet.auth import TokenInterceptor
+from master.fleet.auth import BoundedHealthServicer, TokenInterceptor, connection_options
 from master.fleet.fleet import Fleet
 from master.fleet.phases import FleetSettings
 from master.fleet.service import (
@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 5.0
+DEFAULT_FILE_LIMIT = 1024
+"""The open-file limit assumed where the OS does not say."""
 
 
 @dataclass
@@ -135,26 +137,47 @@ async def start_master(
     if port != 0 and _in_use(host, port):
         # Before the trainer: a second master on a busy port leaves its run dir as it was.
         raise OSError(f"could not listen on {host}:{port}: {_IN_USE}")
+    file_limit = raise_open_file_limit()
     trainer, parameters = _build_trainer(config, run_dir, out, resume, checkpoint_seconds)
     interceptors = [TokenInterceptor(token)] if token is not None else None
     # An explicit cap (gRPC's default): a bigger message gets RESOURCE_EXHAUSTED. No
     # SO_REUSEPORT (gRPC sets it by default): a second master on this port must fail to bind,
     # not share the port and answer half of this run's workers with its own.
     # One entry per key, the caller's last: gRPC takes the first of duplicated keys.
+    # Connections are bounded in number, streams and silence: no client without the token can
+    # take the file descriptors the run's own files need (master.fleet.auth).
     server_options = dict([("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-                           ("grpc.so_reuseport", 0), *PRESENCE_OPTIONS, *options])  # fmt: skip
+                           ("grpc.so_reuseport", 0), *PRESENCE_OPTIONS,
+                           *connection_options(file_limit), *options])  # fmt: skip
     server = grpc.aio.server(options=list(server_options.items()), interceptors=interceptors)
     # Not the generated add_EvolutionServicer_to_server: unparsable bytes get INVALID_ARGUMENT.
     template = task_template(config, parameters, trainer.fleet.settings.behaviour_size)
     service = EvolutionService(trainer.fleet, template, trainer.snapshot)
     add_to_server(service, server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = BoundedHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     bound = _bind(server, host, port, tls)
     await server.start()
     for name in (SERVICE_NAME, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return Master(server, bound, trainer, health_servicer)
+
+
+def raise_open_file_limit() -> int:
+    """Raises this process's soft limit on open files to its hard limit (the common soft limit,
+    1,024, is a few hundred connections); the soft limit now."""
+    try:
+        import resource
+    except ImportError:  # not on this OS
+        return DEFAULT_FILE_LIMIT
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as error:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, error)
+    return soft if soft != resource.RLIM_INFINITY else DEFAULT_FILE_LIMIT * 1024
 
 
 def _build_trainer(

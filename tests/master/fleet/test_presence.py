@@ -42,7 +42,9 @@ def _request(index: int) -> pb.AttachRequest:
 async def _burst(tmp_path, count: int) -> tuple[int, int, int]:
     async with live_master(tiny_cartpole(), tmp_path / "run", train=False) as live:
         fleet = live.trainer.fleet
-        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{live.port}") for _ in range(count)]
+        # One connection each, as workers have: not channels sharing one connection.
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        channels = [grpc.aio.insecure_channel(live.address, options=options) for _ in range(count)]
         try:
             calls = [pb_grpc.EvolutionStub(channel).Attach(_request(i))
                      for i, channel in enumerate(channels)]  # fmt: skip
