@@ -26,11 +26,13 @@ from typing import Any, TextIO
 
 from master.config import RunConfig, checked_settings, config_from_settings
 from master.fleet.auth import is_loopback, load_token
+from master.run.algorithm_setup import user_network_layout
 from master.run.checkpoint import algorithm_section, load_checkpoint
 from master.run.local_workers import allowed_cpus, local_worker_args, pinned_cpus
 from master.run.rundir import RunDirInUse, read_metrics, run_dir_lock
 from master.run.start import RunOptions, ServeOptions, resume_config, run_master
 from master.run.trainer import Budget
+from neuro.policy_spec import UserPolicy
 from neuro.runfiles import BEST_GENOME, METRICS
 
 __all__ = ["Result", "train"]
@@ -109,7 +111,9 @@ def train(
     setting that cannot run; RuntimeError says why a run stopped before its budget.
     """
     budget_settings = _budget_settings(budget, settings)
-    run_dir = Path(run_dir or f"runs/{env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}")
+    # Named as neuro-master names it: ALE/Pong-v5 -> ALE_Pong-v5, mypkg:Env-v0 -> mypkg_Env-v0.
+    name = env.replace("/", "_").replace(":", "_")
+    run_dir = Path(run_dir or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     host, port = _address(master)
     token = load_token(token_file or os.environ.get("NEURO_TOKEN_FILE"))
     if token is None and not is_loopback(host):
@@ -216,15 +220,24 @@ def _config(
     given = dict(settings)
     if policy is not None:
         given["policy"] = policy
+    if isinstance(given.get("policy_options"), Mapping):  # as a dict, or as its JSON
+        given["policy_options"] = json.dumps(given["policy_options"])
     # Checked alone first, as neuro-master's flags are: an unknown name or a bad value is
     # named whether the run is new or resumed.
     checked = checked_settings(given)
     resume = load_checkpoint(run_dir) if run_dir.exists() else None
     if resume is None:
         algorithm = {"algorithm": algo} if algo is not None else {}
-        return config_from_settings(env, {**given, **algorithm, **_budget_flags(budget)}), None
+        config = config_from_settings(env, {**given, **algorithm, **_budget_flags(budget)})
+        if config.policy is not None:
+            user_network_layout(config)  # the factory, built once here: refused now if bad
+        return config, None
     saved = resume_config(resume)
-    changed = sorted(name for name, value in checked.items() if _value(saved, name) != value)
+    changed = sorted(
+        name
+        for name, value in checked.items()
+        if _comparable(name, _value(saved, name)) != _comparable(name, value)
+    )
     if changed:
         raise ValueError(
             f"{run_dir} holds a checkpoint and resumes with its own settings; only the budget "
@@ -250,13 +263,23 @@ def _budget_flags(budget: dict[str, Any]) -> dict[str, Any]:
 
 
 def _value(config: RunConfig, name: str) -> Any:
-    """A setting's value in a config: its own field, or its sections'."""
+    """A setting's value in a config, as a setting gives it: its own field (a user's network's
+    factory for its network), or its sections'."""
+    if name == "architecture" and config.policy_factory:
+        return config.policy_factory
     if name in {f.name for f in dataclasses.fields(config)}:
         return getattr(config, name)
     for section in config.sections.values():
         if hasattr(section, name):
             return getattr(section, name)
     return None
+
+
+def _comparable(name: str, value: Any) -> Any:
+    """Policy options as canonical JSON (no options: {}), any other value as it is."""
+    if name == "policy_options":
+        return UserPolicy("options:only", value or "{}").options_json
+    return value
 
 
 def _budget_spent(config: RunConfig, metrics: list[dict[str, Any]]) -> bool:

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"neuro-export: {error}", file=sys.stderr)
         return 2
     genome = exported.document["genome"]
-    print(f"wrote {exported.model}: {genome['env_id']} {genome['architecture']} policy, "
+    network = genome["policy"]["factory"] if "policy" in genome else genome["architecture"]
+    print(f"wrote {exported.model}: {genome['env_id']} {network} policy, "
           f"{genome['exported_dtype']}, as {args.model_format}")  # fmt: skip
     if "note" in genome:
         print(f"note: {genome['note']}")

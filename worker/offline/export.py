@@ -119,6 +119,8 @@ def preprocessing_document(
         "trained_dtype": spec.inference_dtype,
         "exported_dtype": FLOAT32,
     }
+    if spec.policy is not None:
+        genome["policy"] = {"factory": spec.policy.factory, "options": spec.policy.options}
     if spec.inference_dtype != FLOAT32:
         genome["note"] = (
             f"the genome was trained and is replayed in {spec.inference_dtype}; this file holds "
@@ -225,7 +227,13 @@ def network_description(loaded: LoadedGenome) -> dict[str, Any]:
                            "activation": "tanh"})  # fmt: skip
         layers.append({"op": "linear", "name": "out", "out_features": spec.n_outputs})
         described["layers"] = layers
-    described["linear"] = "y = x W^T + b, W of shape (out_features, in_features)"
+    if spec.policy is not None:
+        described["module"] = (
+            f"{spec.policy.factory}(observation_space, action_space, **options) builds it; its "
+            "state_dict holds these parameters"
+        )
+    else:
+        described["linear"] = "y = x W^T + b, W of shape (out_features, in_features)"
     described["parameters"] = parameters
     return described
 

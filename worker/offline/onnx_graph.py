@@ -11,6 +11,7 @@ by torch's exporter. The normaliser and the action head are the worker's float32
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -85,11 +86,22 @@ def _traced_model(loaded: LoadedGenome) -> ModelProto:
     network = PolicyModule.of(loaded.policy).network
     example = torch.zeros((1, *loaded.policy.observation_shape), dtype=torch.float32)
     buffer = io.BytesIO()
-    torch.onnx.export(
-        network, (example,), buffer, input_names=[INPUT], output_names=[LOGITS],
-        dynamic_axes={INPUT: {0: "batch"}, LOGITS: {0: "batch"}}, opset_version=OPSET,
-        dynamo=False,
-    )  # fmt: skip
+    try:
+        # The TorchScript exporter, chosen: torch's default one needs onnxscript, which the
+        # worker extra does not bring; torch says it is deprecated, which is known here.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(
+                network, (example,), buffer, input_names=[INPUT], output_names=[LOGITS],
+                dynamic_axes={INPUT: {0: "batch"}, LOGITS: {0: "batch"}}, opset_version=OPSET,
+                dynamo=False,
+            )  # fmt: skip
+    except Exception as error:  # the user's module: whatever torch cannot trace is named
+        name = loaded.spec.policy.factory if loaded.spec.policy else loaded.spec.architecture
+        raise ValueError(
+            f"torch cannot export {name}'s module to ONNX ({type(error).__name__}: {error}); "
+            "--format safetensors writes its parameters whatever the module does"
+        ) from error
     return onnx.load_from_string(buffer.getvalue())
 
 

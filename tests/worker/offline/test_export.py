@@ -22,6 +22,7 @@ from neuro.genome import Genome
 from neuro.observation_stats import ObservationStats
 from tests.support.processes import REPO, worker_env
 from tests.support.tiny import tiny_cartpole
+from tests.support.user_problem import CONV_FACTORY, MLP_FACTORY, MY_ENV, SIDES, USER_PACKAGES
 from worker import evaluate_policy
 from worker.offline.export import export_genome, preprocessing_path
 from worker.offline.export_check import check_export
@@ -245,3 +246,40 @@ def test_command_refuses_bad_input_naming_it(
     assert code == 2
     assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("env_id", "factory", "options"),
+    [(MY_ENV, MLP_FACTORY, {"hidden": 8}), (SIDES, CONV_FACTORY, {})],
+    ids=["vector", "image"],
+)
+@pytest.mark.parametrize("model_format", ["onnx", "safetensors"])
+def test_a_users_env_and_network_export_and_act_as_neuro_eval(
+    tmp_path: Path,
+    noise_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    env_id: str,
+    factory: str,
+    options: dict,
+    model_format: str,
+) -> None:
+    """A module:Env-id and a --policy factory's module (traced by torch's exporter for ONNX),
+    on a vector env and on an image env that is not Atari (its pixels unscaled, as the env
+    gives them)."""
+    monkeypatch.syspath_prepend(str(USER_PACKAGES))
+    config = preset(inspect_env_id(env_id), architecture=factory, noise_table_size=2**16,
+                    policy_options=json.dumps(options))  # fmt: skip
+    genome = seed_genome(tmp_path, config, seeds=(21, 22))
+    exported = export_genome(genome, model_format)
+    agreement = check_export(exported.model, genome, steps=1500, seed=3)
+    assert agreement.steps >= 1500 and agreement.differing == 0
+    assert agreement.returns[:2] == evaluate_policy(genome, episodes=2, env_seed=3)
+    document = exported.document
+    assert document["genome"]["policy"] == {"factory": factory, "options": options}
+    assert document["genome"]["architecture"] == "module"
+    assert document["network"]["module"].startswith(f"{factory}(observation_space")
+    layout = [name for name, _ in load_genome(genome).policy.parameter_layout]
+    assert [name for name, _ in document["network"]["parameters"]] == layout
+    assert document["observation"]["preprocessing"] is None
+    if env_id == SIDES:
+        assert document["observation"]["dtype"] == "uint8"

@@ -14,6 +14,7 @@ from master.config import inspect_env_id, preset
 from master.run.rundir import RunDirectory
 from neuro.genome import Genome
 from tests.support.tiny import tiny_cartpole
+from tests.support.user_problem import MLP_FACTORY, MY_ENV, USER_PACKAGES
 from tests.worker.offline.test_export import TRAINED_GENOME, es_genome, seed_genome
 from worker.offline.loading import load_genome, load_policy
 from worker.offline.policy_module import PolicyModule
@@ -89,3 +90,18 @@ def test_what_cannot_be_loaded_is_named(tmp_path: Path, noise_cache) -> None:
     atari = preset(inspect_env_id("Frostbite-v4"), noise_table_size=2**22)
     with pytest.raises(ValueError, match=r"not a neuro\.genome/1 file"):
         load_policy({**atari.genome_document(Genome((1,))), "format": "other"})
+
+
+def test_a_users_network_loads_as_its_factory_built_it(
+    tmp_path: Path, noise_cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(USER_PACKAGES))
+    config = preset(inspect_env_id(MY_ENV), architecture=MLP_FACTORY, noise_table_size=2**16,
+                    policy_options='{"hidden": 8}')  # fmt: skip
+    genome = seed_genome(tmp_path, config, seeds=(4, 5))
+    module, policy = load_policy(genome), load_genome(genome).policy
+    assert isinstance(module.network, torch.nn.Sequential)  # what userpkg.nets builds
+    assert module.network[1].out_features == 8
+    assert list(module.network.state_dict()) == list(policy.weights)
+    batch = observations((4,), 400)
+    assert np.array_equal(module.act(batch), policy.act_batch(batch))
