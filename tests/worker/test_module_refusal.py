@@ -117,3 +117,16 @@ def test_a_tasks_user_network_arrives_checked() -> None:
     no_factory = _task("t", "r", "CartPole-v1")
     no_factory.policy.architecture = "module"
     assert "package.module:callable" in leased_task(no_factory).refusal
+
+
+def test_the_batched_worker_says_a_users_network_is_not_its_own(tmp_path) -> None:
+    """No engine of the batched worker (--envs, a GPU) runs a user's module: it stops, naming
+    the network and the worker that runs it, instead of failing each task."""
+    from worker.evaluation.evaluator import Evaluator
+    from worker.play.envs import NotRunnableHere
+    from worker.runners.batched import BatchedRunner
+
+    runner = BatchedRunner(Evaluator(str(tmp_path)), 2)
+    with pytest.raises(NotRunnableHere, match=rf"a user's network \({MLP_FACTORY}\) runs on the "
+                       "per-genome worker's torch engine"):  # fmt: skip
+        runner.start("t", _spec("CartPole-v1", MLP_FACTORY))

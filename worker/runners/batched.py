@@ -112,6 +112,12 @@ class BatchedRunner(TaskRunner):
         """Takes a task into a free slot; EnvBuildError if its env cannot be built here,
         ValueError if its parameters cannot be loaded (the caller reports either)."""
         served = dtypes_for(spec.architecture, BATCHED, self.device)
+        if spec.policy is not None:
+            raise NotRunnableHere(
+                f"the batched worker (--envs, or a GPU) runs the networks neuro builds; a user's "
+                f"network ({spec.policy.factory}) runs on the per-genome worker's torch engine: "
+                "run this worker with --device cpu and no --envs"
+            )
         if spec.inference_dtype not in served:
             raise NotRunnableHere(
                 f"the batched worker (--envs, or a GPU) runs {', '.join(served)} only; this "
