@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import math
 import os
+import site
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,6 +34,7 @@ from master.run.local_workers import allowed_cpus, local_worker_args, pinned_cpu
 from master.run.rundir import RunDirInUse, read_metrics, run_dir_lock
 from master.run.start import RunOptions, ServeOptions, resume_config, run_master
 from master.run.trainer import Budget
+from neuro.envs.ids import env_module
 from neuro.policy_spec import UserPolicy
 from neuro.runfiles import BEST_GENOME, METRICS
 
@@ -141,12 +144,13 @@ def train(
             worker_cpus=pinned_cpus(True, (), count, dtype, architecture),
             out=None,
         )
-        run = _RunThread(config, run_dir, ServeOptions(host, port, token), options, resume)
-        try:
-            interrupted = run.wait(out)
-        finally:
-            if out is not None:
-                out.close()
+        with _workers_import_what_this_process_imports(config, count):
+            run = _RunThread(config, run_dir, ServeOptions(host, port, token), options, resume)
+            try:
+                interrupted = run.wait(out)
+            finally:
+                if out is not None:
+                    out.close()
     result = Result.of(run_dir)
     if interrupted:
         print(f"neuro.train: stopped; {run_dir} is resumable: train again with "
@@ -159,6 +163,49 @@ def train(
             "continue it"
         )
     return result
+
+
+@contextlib.contextmanager
+def _workers_import_what_this_process_imports(config: RunConfig, count: int) -> Iterator[None]:
+    """Local workers find the run's modules (its env's, its network's) where this process
+    found them: a folder put on sys.path here (a notebook's sys.path.insert) goes on the
+    PYTHONPATH they are started with, for the run, as a worker without the module would refuse
+    every task."""
+    folders = [] if count == 0 else _module_folders(config)
+    known = os.environ.get("PYTHONPATH", "")
+    missing = [folder for folder in folders if folder not in known.split(os.pathsep)]
+    if not missing:
+        yield
+        return
+    os.environ["PYTHONPATH"] = os.pathsep.join([*missing, *filter(None, [known])])
+    try:
+        yield
+    finally:
+        if known:
+            os.environ["PYTHONPATH"] = known
+        else:
+            os.environ.pop("PYTHONPATH", None)
+
+
+def _module_folders(config: RunConfig) -> list[str]:
+    """The folders that hold the run's modules' top-level packages, where they are no site
+    packages (those every process of this Python finds)."""
+    modules = [env_module(config.env_id), config.policy.module if config.policy else None]
+    site_folders = {
+        str(Path(p).resolve()) for p in (*site.getsitepackages(), site.getusersitepackages())
+    }
+    folders = []
+    for module in filter(None, modules):
+        spec = importlib.util.find_spec(module.partition(".")[0])
+        if spec is None:
+            continue
+        location = (list(spec.submodule_search_locations or []) or [spec.origin])[0]
+        if location is None:
+            continue
+        folder = str(Path(location).resolve().parent)
+        if folder not in site_folders and folder not in folders:
+            folders.append(folder)
+    return folders
 
 
 def _budget_settings(

@@ -130,3 +130,33 @@ def test_a_fleet_worker_joins_the_masters_address(tmp_path: Path, noise_cache) -
     assert training.returncode == 0, err[-3000:]
     assert json.loads(out.splitlines()[-1]) == {"generations": 2}
     assert left == 0  # told the run is complete, it left on its own
+
+
+NOTEBOOK_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])  # as a notebook makes a folder's package importable
+import neuro
+
+result = neuro.train("userpkg:MyEnv-v0", policy="userpkg.nets:make_policy", budget=2,
+                     workers=1, run_dir=sys.argv[2], progress=False, population=8,
+                     elite_candidates=2, elite_episodes=2, target_score=None,
+                     policy_options={"hidden": 8})
+print(json.dumps({"generations": result.generations}))
+"""
+
+
+def test_local_workers_import_a_package_this_process_found_on_sys_path(
+    tmp_path: Path, noise_cache
+) -> None:
+    """The user's package is on this process's sys.path only, not on PYTHONPATH: the local
+    workers get its folder (a worker that cannot import it would refuse every task)."""
+    from tests.support.user_problem import USER_PACKAGES
+
+    command = [sys.executable, "-c", NOTEBOOK_SCRIPT, str(USER_PACKAGES), str(tmp_path / "run")]
+    done = subprocess.run(command, env=worker_env(), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"generations": 2}
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["policy_factory"] == "userpkg.nets:make_policy"
+    assert config["policy_options"] == {"hidden": 8}
