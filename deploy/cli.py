@@ -17,12 +17,16 @@ import botocore.exceptions
 
 from deploy import cost, stack
 from deploy.cost_commands import cmd_estimate, cost_so_far, describe_cost_so_far
-from deploy.stack import Clients, DeployError
+from deploy.stack import Clients, DeployError, StackInfo
+from deploy.stack_study import StackStudy, resolve_study
 
 DEFAULT_STACK = "neuro"
 # Every template parameter has exactly one flag; tests hold this table and the template equal.
 TEMPLATE_PARAMETERS: dict[str, str] = {
     "EnvId": "env",
+    # Both from --study: a ready study's name, or a study file's digest (deploy/stack_study.py).
+    "Study": "study_name",
+    "StudyFileSha256": "study_file_sha256",
     "WorkerCount": "workers",
     "WorkerCapacity": "capacity",
     "WorkerMemory": "worker_memory",
@@ -219,6 +223,16 @@ def build_parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="create the stack, wait, print the master's address")
     up.add_argument("--env", help="gymnasium id, e.g. Frostbite-v4 (template default)")
     up.add_argument(
+        "--study",
+        metavar="FILE|NAME",
+        help="serve a study instead of one run: a study file (TOML, up to 1 MiB, uploaded to "
+        "the stack's bucket as it is created) or a ready study by name (paper, laptop); its "
+        "runs take their envs, settings and budgets from it, so --env, --population, "
+        "--truncation, --mutation-power and --frames go without it",
+    )
+    # Set from --study by check_up; "" passes the template's empty default: one run.
+    up.set_defaults(study_name="", study_file_sha256="", stack_study=None)
+    up.add_argument(
         "--workers",
         type=_nonnegative,
         help="worker containers: 1 vCPU each, or 1 GPU each with --worker-gpu",
@@ -376,14 +390,42 @@ def cmd_up(clients: Clients, args: argparse.Namespace, out: Callable[[str], None
             out(f"{parameter}: {ami}, pinned as {parameters[parameter]}")
     stack.create(clients, args.stack_name, parameters)
     out(f"creating stack {args.stack_name} in {clients.region}")
+    seen: set[str] = set()
+    study: StackStudy | None = args.stack_study
+    if study is not None and study.data is not None:
+        uri = stack.upload_study(
+            clients, args.stack_name, study.data, study.sha256, args.timeout,
+            args.poll_seconds, _event_printer(out), seen,
+        )  # fmt: skip
+        out(f"study file: {uri}")
     if args.no_wait:
         return 0
-    stack.wait(clients, args.stack_name, args.timeout, args.poll_seconds, _event_printer(out))
+    stack.wait(clients, args.stack_name, args.timeout, args.poll_seconds, _event_printer(out), seen)
     info = stack.require(clients, args.stack_name)
     out(f"master: {info.outputs.get('MasterAddress', '?')} (inside the VPC)")
     out(f"run dir: {info.outputs.get('RunS3Uri', '?')}")
     out(f"logs: {info.outputs.get('LogGroupName', '?')}  (neuro-deploy logs)")
     return 0
+
+
+def check_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`up --study`: the study resolved into the template's parameters before anything is asked
+    of AWS, and the one-run flags it replaces refused; parser.error (exit 2) names the value."""
+    if args.study is None:
+        return
+    given = [flag for flag, dest in (("--env", "env"), ("--population", "population"),
+                                     ("--truncation", "truncation"),
+                                     ("--mutation-power", "mutation_power"), ("--frames", "frames"))
+             if getattr(args, dest) is not None]  # fmt: skip
+    if given:
+        parser.error(f"{given[0]}: a study's runs take their envs, settings and budgets from "
+                     f"the study (--study {args.study})")  # fmt: skip
+    try:
+        study = resolve_study(args.study, stack.ready_studies(), gpu=args.worker_gpu is not None)
+    except DeployError as error:
+        parser.error(str(error))
+    args.stack_study = study
+    args.study_name, args.study_file_sha256 = study.name, study.sha256
 
 
 def cmd_estimate_cpu(
@@ -401,6 +443,8 @@ def cmd_status(clients: Clients, args: argparse.Namespace, out: Callable[[str], 
     workers = stack.worker_counts(clients, info)
     run = stack.run_status(clients, info)
     gpu = info.parameters.get("WorkerGpu") == "true"
+    study = _stack_study(info)
+    studied = None if study is None else stack.study_states(clients, info)
     # The cost model charges measured CPU frames per vCPU-hour: no figure for GPU workers.
     spent = None if gpu else cost_so_far(clients, args, info, run)
     if args.json:
@@ -412,6 +456,7 @@ def cmd_status(clients: Clients, args: argparse.Namespace, out: Callable[[str], 
                     "outputs": info.outputs,
                     "workers": workers,
                     "run": run,
+                    **({} if study is None else {"study": {**study, "runs": studied}}),
                     "cost": spent,
                     **({"cost_unpriced": GPU_UNPRICED} if gpu else {}),
                 },
@@ -433,9 +478,30 @@ def cmd_status(clients: Clients, args: argparse.Namespace, out: Callable[[str], 
             + (", one per GPU)" if gpu else ")")
         )
     out(_describe_run(run, info.outputs.get("RunS3Uri", "-")))
+    if study is not None:
+        out(_describe_study(study, studied))
     for line in [f"cost so far: {GPU_UNPRICED}"] if gpu else describe_cost_so_far(spent):
         out(line)
     return 0
+
+
+def _stack_study(info: StackInfo) -> dict[str, str] | None:
+    """The stack's study: {"name": ...} or {"sha256": ..., "file": s3 URI}; None for one run."""
+    name, sha256 = info.parameters.get("Study"), info.parameters.get("StudyFileSha256")
+    if name:
+        return {"name": name}
+    if sha256:
+        bucket = info.outputs.get("RunBucket", "?")
+        return {"sha256": sha256, "file": f"s3://{bucket}/{stack.study_key(info.name, sha256)}"}
+    return None
+
+
+def _describe_study(study: dict[str, str], states: dict[str, int] | None) -> str:
+    which = study.get("name") or f"file {study['file']} (sha256 {study['sha256'][:12]}...)"
+    if states is None:
+        return f"study {which}: no study.json under the run dir yet"
+    counts = ", ".join(f"{count} {state}" for state, count in states.items())
+    return f"study {which}: {sum(states.values())} runs: {counts}"
 
 
 def _describe_run(run: dict[str, Any] | None, uri: str) -> str:
@@ -513,7 +579,10 @@ def cmd_fetch(clients: Clients, args: argparse.Namespace, out: Callable[[str], N
     total = sum(size for _, size in fetched)
     out(f"fetched {len(fetched)} files ({total:,} bytes) from {info.outputs['RunS3Uri']} "
         f"to {destination}")  # fmt: skip
-    out(f"replay the best genome: neuro-eval {destination / 'best_genome.json'} --episodes 30")
+    if _stack_study(info) is not None:
+        out(f"report the study: neuro-master report {destination}")
+    else:
+        out(f"replay the best genome: neuro-eval {destination / 'best_genome.json'} --episodes 30")
     return 0
 
 
@@ -591,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "estimate":
         check_estimate(parser, args)
+    if args.command == "up":
+        check_up(parser, args)
 
     def out(line: str) -> None:
         print(line, flush=True)

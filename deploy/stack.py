@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -55,9 +56,30 @@ class DeployError(Exception):
     """A deployment step failed; the message says what and, where AWS told us, why."""
 
 
+STUDY_JSON = "study.json"
+"""A study dir's resolved runs and their states (neuro/runfiles.py's name, which deploy/ does
+not import), under the run's S3 prefix where the master mirrors its study dir."""
+MAX_STUDY_JSON_BYTES = 16 << 20
+
+
 def template_body() -> str:
     """The packaged CloudFormation template."""
     return resources.files("deploy").joinpath(TEMPLATE_NAME).read_text()
+
+
+def ready_studies() -> tuple[str, ...]:
+    """The ready studies the template's Study parameter takes (AllowedValues, less "")."""
+    block = re.search(r"^  Study:\n((?:    .*\n)+)", template_body(), re.MULTILINE)
+    allowed = block and re.search(r"^    AllowedValues: \[(.*)\]$", block.group(1), re.MULTILINE)
+    if not allowed:
+        raise DeployError("the template's Study parameter lists no AllowedValues")
+    names = (value.strip().strip("\"'") for value in allowed.group(1).split(","))
+    return tuple(name for name in names if name)
+
+
+def study_key(stack_name: str, sha256: str) -> str:
+    """Where in the stack's bucket its study file goes, and the master's boot fetches it."""
+    return f"inputs/{stack_name}/study-{sha256}.toml"
 
 
 @dataclass
@@ -283,12 +305,15 @@ def wait(
     timeout_s: float,
     poll_s: float,
     on_event: Callable[[dict[str, Any]], None] = lambda event: None,
+    seen: set[str] | None = None,
 ) -> str:
     """Polls until the stack's operation settles; returns the final status.
 
     Raises DeployError on failure, naming the first resource that failed and AWS's reason.
+    `seen`: the events already reported (default: every event so far).
     """
-    seen: set[str] = {e["EventId"] for e in _events(clients, stack_name)}
+    if seen is None:
+        seen = {e["EventId"] for e in _events(clients, stack_name)}
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -297,10 +322,7 @@ def wait(
             if "does not exist" in str(error):
                 return "DELETE_COMPLETE"
             raise
-        for event in reversed(list(_events(clients, stack_name))):
-            if event["EventId"] not in seen:
-                seen.add(event["EventId"])
-                on_event(event)
+        _report_events(clients, stack_name, seen, on_event)
         status = stack["StackStatus"]
         if status in SETTLED_STATES:
             if status in FAILED_STATES:
@@ -312,6 +334,63 @@ def wait(
                 "`neuro-deploy status` shows how it goes on"
             )
         time.sleep(poll_s)
+
+
+def upload_study(
+    clients: Clients,
+    stack_name: str,
+    data: bytes,
+    sha256: str,
+    timeout_s: float,
+    poll_s: float,
+    on_event: Callable[[dict[str, Any]], None] = lambda event: None,
+    seen: set[str] | None = None,
+) -> str:
+    """Waits for the stack being created to make its bucket, then puts the study file where the
+    master's boot fetches it (study_key); returns its s3:// URI.
+
+    The bucket is the stack's, so the file can only go there once CloudFormation has made it;
+    the master, created after its role and so after the bucket, waits for the file. Events are
+    reported as `wait` reports them, into `seen`. DeployError if the stack fails first.
+    """
+    seen = set() if seen is None else seen
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _report_events(clients, stack_name, seen, on_event)
+        try:
+            resource = clients.cloudformation.describe_stack_resource(
+                StackName=stack_name, LogicalResourceId="RunBucket"
+            )["StackResourceDetail"]
+        except botocore.exceptions.ClientError as error:
+            if "does not exist" not in _message(error):
+                raise
+            resource = {}
+        if resource.get("ResourceStatus") == "CREATE_COMPLETE":
+            bucket, key = resource["PhysicalResourceId"], study_key(stack_name, sha256)
+            clients.s3.put_object(Bucket=bucket, Key=key, Body=data, ContentType="application/toml")
+            return f"s3://{bucket}/{key}"
+        status = require(clients, stack_name).status
+        if status in FAILED_STATES:
+            raise DeployError(failure_report(clients, stack_name, status))
+        if time.monotonic() > deadline:
+            raise DeployError(
+                f"stack {stack_name!r} made no bucket within {timeout_s:.0f} s, so its study "
+                "file is not uploaded; the master waits 10 minutes for it, then fails the stack"
+            )
+        time.sleep(poll_s)
+
+
+def _report_events(
+    clients: Clients,
+    stack_name: str,
+    seen: set[str],
+    on_event: Callable[[dict[str, Any]], None],
+) -> None:
+    """Hands each event not in `seen` to on_event, oldest first, and adds it to `seen`."""
+    for event in reversed(list(_events(clients, stack_name))):
+        if event["EventId"] not in seen:
+            seen.add(event["EventId"])
+            on_event(event)
 
 
 def failure_report(clients: Clients, stack_name: str, status: str) -> str:
@@ -391,6 +470,32 @@ def run_status(clients: Clients, info: StackInfo) -> dict[str, Any] | None:
     if not isinstance(run, dict):
         raise DeployError(f"{where}: expected a JSON object, got {type(run).__name__}")
     return run
+
+
+def study_states(clients: Clients, info: StackInfo) -> dict[str, int] | None:
+    """How many of the study's runs are in each state (queued, running, complete, failed), from
+    the study.json under the run's S3 prefix; None before there is one."""
+    uri = info.outputs.get("RunS3Uri")
+    if not uri:
+        return None
+    bucket, prefix = split_s3_uri(uri)
+    key = _key(prefix, STUDY_JSON)
+    try:
+        body = clients.s3.get_object(Bucket=bucket, Key=key)["Body"]
+    except botocore.exceptions.ClientError as error:
+        if _code(error) in {"NoSuchKey", "404", "NoSuchBucket"}:
+            return None
+        raise
+    where = f"s3://{bucket}/{key}"
+    data = body.read(MAX_STUDY_JSON_BYTES + 1)
+    if len(data) > MAX_STUDY_JSON_BYTES:
+        raise DeployError(f"{where} is over {MAX_STUDY_JSON_BYTES:,} bytes")
+    try:
+        runs = json.loads(data)["runs"]
+        states = [str(run["state"]) for run in runs]
+    except (ValueError, TypeError, KeyError) as error:
+        raise DeployError(f"{where} holds no study's runs: {error!r}") from None
+    return {state: states.count(state) for state in sorted(set(states))}
 
 
 def _finite_or_none(text: str) -> float | None:

@@ -7,6 +7,8 @@ record their arguments; moto checks that the stack goes up, scales and comes dow
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import os
 import re
 import shutil
@@ -34,6 +36,8 @@ NO_VALUE = {"Ref": "AWS::NoValue"}
 
 CONTRACT_PARAMETERS: dict[str, tuple[str, Any]] = {
     "EnvId": ("String", "Frostbite-v4"),
+    "Study": ("String", ""),
+    "StudyFileSha256": ("String", ""),
     "WorkerCount": ("Number", 16),
     "WorkerCapacity": ("String", "fargate-spot"),
     "WorkerMemory": ("Number", 4096),
@@ -186,16 +190,20 @@ def test_parameters_and_outputs_are_the_contract(template: dict[str, Any]) -> No
     assert outputs["WorkerServiceName"] == {"Fn::GetAtt": ["WorkerService", "Name"]}
 
 
+def rules_hold(template: dict[str, Any], mode: str, gpu: bool, **values: str) -> bool:
+    """Whether CloudFormation's rules accept WorkerGpu `gpu` in capacity `mode`, and `values`."""
+    parameters = stack_parameters(template, mode, gpu, **values)
+    return all(
+        evaluate(template, check["Assert"], parameters)
+        for rule in template["Rules"].values()
+        if evaluate(template, rule.get("RuleCondition", True), parameters)
+        for check in rule["Assertions"]
+    )
+
+
 def test_gpu_workers_need_ec2_spot_hosts(template: dict[str, Any]) -> None:
     def holds(mode: str, gpu: bool) -> bool:
-        """Whether CloudFormation's rules accept WorkerGpu `gpu` in capacity `mode`."""
-        parameters = stack_parameters(template, mode, gpu)
-        return all(
-            evaluate(template, check["Assert"], parameters)
-            for rule in template["Rules"].values()
-            if evaluate(template, rule.get("RuleCondition", True), parameters)
-            for check in rule["Assertions"]
-        )
+        return rules_hold(template, mode, gpu)
 
     assert holds("fargate-spot", False) and holds("ec2-spot", False) and holds("ec2-spot", True)
     assert not holds("fargate-spot", True)  # Fargate has no GPUs: refused before anything
@@ -204,6 +212,40 @@ def test_gpu_workers_need_ec2_spot_hosts(template: dict[str, Any]) -> None:
     assert not evaluate(template, is_gpu, stack_parameters(template, "fargate-spot", True))
     assert evaluate(template, is_gpu, stack_parameters(template, "ec2-spot", True))
     assert not evaluate(template, is_gpu, stack_parameters(template, "ec2-spot", False))
+
+
+SHA256 = "0123456789abcdef" * 4
+
+
+def test_a_stack_serves_one_study_and_gpu_workers_no_ready_one(template: dict[str, Any]) -> None:
+    assert template["Parameters"]["Study"]["AllowedValues"][0] == ""  # "": one run
+    assert rules_hold(template, "fargate-spot", False, Study="paper")
+    assert rules_hold(template, "fargate-spot", False, StudyFileSha256=SHA256)
+    # A study file may set float32, the one dtype GPU workers run; a ready study does not.
+    assert rules_hold(template, "ec2-spot", True, StudyFileSha256=SHA256)
+    assert not rules_hold(template, "ec2-spot", True, Study="laptop")
+    assert not rules_hold(template, "fargate-spot", False, Study="paper", StudyFileSha256=SHA256)
+    pattern = re.compile(template["Parameters"]["StudyFileSha256"]["AllowedPattern"])
+    assert pattern.fullmatch("") and pattern.fullmatch(SHA256)
+    assert not pattern.fullmatch(SHA256.upper()) and not pattern.fullmatch(SHA256[:-1] + "'")
+
+
+@pytest.mark.parametrize("sha256", ["", SHA256], ids=["no-study-file", "study-file"])
+def test_the_master_reads_its_own_study_file_and_no_other(
+    template: dict[str, Any], sha256: str
+) -> None:
+    role = resolve(template["Resources"]["MasterRole"], "fargate-spot", template=template,
+                   StudyFileSha256=sha256)  # fmt: skip
+    (policy,) = role["Properties"]["Policies"]
+    reads = [s for s in policy["PolicyDocument"]["Statement"] if s["Sid"] == "ReadStudyFile"]
+    if not sha256:
+        assert reads == []
+        return
+    (read,) = reads
+    assert read["Action"] == "s3:GetObject"
+    assert read["Resource"] == {
+        "Fn::Sub": "${RunBucket.Arn}/inputs/${AWS::StackName}/study-${StudyFileSha256}.toml"
+    }
 
 
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
@@ -366,6 +408,7 @@ def test_only_the_ecr_login_names_every_resource(template: dict[str, Any]) -> No
     roles = of_type(template, "AWS::IAM::Role")
     assert {"MasterRole", "WorkerExecutionRole", "WorkerInstanceRole"} == set(roles)
     for role in roles.values():
+        role = resolve(role, "ec2-spot", template=template, StudyFileSha256=SHA256)
         for policy in role["Properties"].get("Policies", []):
             for statement in policy["PolicyDocument"]["Statement"]:
                 if statement["Resource"] == "*":
@@ -382,7 +425,9 @@ printf '%s\\n' "$record" >> "$STUB_LOG"
 {body}
 """
 STUBS = {
-    "aws": 'case "$1" in secretsmanager) echo "$FAKE_TOKEN";; ecr) echo ecr-password;; esac',
+    # `aws s3 cp ... SOURCE DEST` copies $FAKE_S3/<the key's last part>, failing without it.
+    "aws": 'case "$1" in secretsmanager) echo "$FAKE_TOKEN";; ecr) echo ecr-password;;'
+    ' s3) source="${{@: -2:1}}"; cp "$FAKE_S3/${{source##*/}}" "${{@: -1}}";; esac',
     "docker": 'case "$1" in login) cat >/dev/null;; inspect) echo "$FAKE_DOCKER_STATE";;'
     ' logs) echo "neuro-master: error: unrecognized arguments";; esac',
     # The real install, less the ownership that only root may give (the log keeps it).
@@ -392,6 +437,7 @@ STUBS = {
     "dnf": "",
     "systemctl": "",
     "cfn-signal": "",
+    "sleep": "",
 }
 SUB_VALUES = {
     "AWS::Region": "us-east-1",
@@ -407,6 +453,8 @@ SUB_VALUES = {
     "FrameBudget": "1000000000",
     "Cluster": "run1-Cluster-X",
     "WorkerGpu": "false",
+    "Study": "",
+    "StudyFileSha256": "",
 }
 
 
@@ -495,6 +543,9 @@ def test_master_boot_starts_the_master_and_signals_success(
     (signal,) = [c for c in calls if c[0] == "cfn-signal"]
     assert signal[1:5] == ["--exit-code", "0", "--reason", "neuro-master is serving"]
     assert "--resource" in signal and signal[signal.index("--resource") + 1] == "Master"
+    # One run: no study reaches the master, and no study file is fetched.
+    assert "NEURO_STUDY" not in options
+    assert not [c for c in calls if c[:2] == ["aws", "s3"]]
 
 
 @pytest.mark.parametrize(("gpu", "dtype"), [("false", None), ("true", "float32")])
@@ -513,6 +564,117 @@ def test_the_master_runs_float32_for_gpu_workers_and_its_default_for_cpu_ones(
     monkeypatch.setenv("NEURO_ENV", "Frostbite-v4")
     # None: not given, so the master's default for its env applies.
     assert master_parser().parse_args(flags).inference_dtype == dtype
+
+
+# A study of two tiny CartPole runs, as a user writes one.
+STUDY = """name = "mine"
+max_concurrent_runs = 2
+
+[budget]
+generations = 2
+
+[[grid]]
+envs = ["CartPole-v1"]
+seeds = 2
+"""
+
+
+def master_container(run: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment (-e) and the mounts (container path: host path) of a `docker run`."""
+    env, mounts = {}, {}
+    for option, value in itertools.pairwise(run):
+        if option == "-e":
+            key, _, env[key] = value.partition("=")
+            env[key] = env[key].strip("'")
+        elif option == "-v":
+            host, container = value.split(":")[:2]
+            mounts[container] = host
+    return env, mounts
+
+
+def on_host(path: str, mounts: dict[str, str]) -> str:
+    """Where a container path lies on the host, through the deepest mount that holds it."""
+    holding = [c for c in mounts if path == c or path.startswith(c + "/")]
+    assert holding, f"{path} is on no mount"
+    deepest = max(holding, key=len)
+    return mounts[deepest] + path[len(deepest) :]
+
+
+def dry_run_in(env: dict[str, str], mounts: dict[str, str], cwd: Path) -> str:
+    """neuro-master --dry-run configured by the container's environment alone, as the image's
+    entrypoint is (the image's own NEURO_RUN_DIR and the container's paths moved to the host)."""
+    moved = {k: on_host(v, mounts) if v.startswith("/") else v
+             for k, v in {"NEURO_RUN_DIR": "/data/run", **env}.items()
+             if k.startswith("NEURO_") and k != "NEURO_S3_URI"}  # fmt: skip
+    local = {k: v for k, v in os.environ.items() if not k.startswith("NEURO_")}
+    done = subprocess.run([sys.executable, "-m", "master", "--dry-run"], cwd=cwd,
+                          env={**local, **moved, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("stored", ["the file", "none", "another file"])
+def test_master_boot_serves_the_study_file_it_fetches_and_checks(
+    template: dict[str, Any], tmp_path: Path, stored: str
+) -> None:
+    root, s3 = tmp_path / "root", tmp_path / "s3"
+    (root / "var/lib").mkdir(parents=True)
+    s3.mkdir()
+    sha256 = hashlib.sha256(STUDY.encode()).hexdigest()
+    if stored != "none":
+        (s3 / f"study-{sha256}.toml").write_text(STUDY + ("" if stored == "the file" else "#\n"))
+    script = boot_script(template, "MasterLaunchTemplate", root, StudyFileSha256=sha256)
+    code, calls = run_boot(script, tmp_path, FAKE_TOKEN="t0ken", FAKE_S3=str(s3),
+                           FAKE_DOCKER_STATE="running 0 healthy")  # fmt: skip
+    fetches = [c for c in calls if c[:3] == ["aws", "s3", "cp"]]
+    where = f"s3://run1-runbucket-x/inputs/run1/study-{sha256}.toml"
+    assert fetches and {tuple(c[-2:]) for c in fetches} == {(where, f"{root}/etc/neuro/study.part")}
+    runs = [c[2:] for c in calls if c[:2] == ["docker", "run"]]
+    (signal,) = [c for c in calls if c[0] == "cfn-signal"]
+    if stored != "the file":
+        # The stack fails at once, saying why; no master serves something else.
+        assert code == 1 and runs == [] and signal[1:3] == ["--exit-code", "1"]
+        if stored == "none":
+            assert len(fetches) == 60  # a try every 10 s for 10 minutes
+            assert signal[4] == f"no study file at {where} after 10 minutes (neuro-deploy up " \
+                "--study uploads it)"  # fmt: skip
+        else:
+            assert signal[4] == f"the study file at {where} is not the one of StudyFileSha256"
+        return
+    assert code == 0 and len(fetches) == 1, calls
+    study = root / "etc/neuro/study.toml"
+    assert study.read_text() == STUDY and stat.S_IMODE(study.stat().st_mode) == 0o444
+    (run,) = runs
+    image = run.index(SUB_VALUES["MasterImage"])
+    assert run[image + 1 :] == [], "a study's runs take their settings from the study"
+    env, mounts = master_container(run[:image])
+    assert mounts["/run/neuro/study.toml"] == str(study)
+    assert f"{study}:/run/neuro/study.toml:ro" in run, "mounted read-only"
+    assert env["NEURO_STUDY"] == "/run/neuro/study.toml"
+    assert env["NEURO_STUDY_DIR"] == "/data/study"
+    (made,) = [c for c in calls if c[0] == "install" and c[-1] == str(root / "var/lib/neuro/study")]
+    assert made[:6] == ["install", "-d", "-o", "10001", "-g", "10001"]
+    listing = dry_run_in(env, mounts, tmp_path)
+    assert "study mine (" in listing and f"study dir {root}/var/lib/neuro/study\n" in listing
+
+
+def test_master_boot_serves_a_ready_study_by_name(template: dict[str, Any], tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "var/lib").mkdir(parents=True)
+    script = boot_script(template, "MasterLaunchTemplate", root, Study="laptop")
+    code, calls = run_boot(script, tmp_path, FAKE_TOKEN="t0ken",
+                           FAKE_DOCKER_STATE="running 0 healthy")  # fmt: skip
+    assert code == 0
+    assert not [c for c in calls if c[:2] == ["aws", "s3"]], "a ready study has no file"
+    (run,) = [c[2:] for c in calls if c[:2] == ["docker", "run"]]
+    image = run.index(SUB_VALUES["MasterImage"])
+    assert run[image + 1 :] == []
+    env, mounts = master_container(run[:image])
+    assert env["NEURO_STUDY"] == "laptop" and env["NEURO_STUDY_DIR"] == "/data/study"
+    listing = dry_run_in(env, mounts, tmp_path)
+    assert "study laptop: 6 runs" in listing
+    assert f"study dir {root}/var/lib/neuro/study\n" in listing
 
 
 def test_master_boot_fails_the_stack_when_the_master_restarts(
