@@ -160,3 +160,26 @@ def test_local_workers_import_a_package_this_process_found_on_sys_path(
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["policy_factory"] == "userpkg.nets:make_policy"
     assert config["policy_options"] == {"hidden": 8}
+
+
+IN_A_LOOP_SCRIPT = """
+import asyncio, json, sys
+import neuro
+
+async def cell():
+    # As a notebook runs a cell: on the thread whose event loop is running.
+    return neuro.train("CartPole-v1", budget=1, workers=1, run_dir=sys.argv[1], population=6,
+                       elite_candidates=1, elite_episodes=1, target_score=None)
+
+result = asyncio.run(cell())
+print(json.dumps({"generations": result.generations}))
+"""
+
+
+def test_train_runs_where_an_event_loop_is_already_running(tmp_path: Path, noise_cache) -> None:
+    command = [sys.executable, "-c", IN_A_LOOP_SCRIPT, str(tmp_path / "run")]
+    done = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
+                          timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"generations": 1}
+    assert "CartPole-v1: 100%" in done.stderr  # the progress bar, on stderr
