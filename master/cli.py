@@ -420,8 +420,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s master %(message)s")
-    if args.local_workers < 0:
-        parser.error(f"--local-workers must be >= 0, got {args.local_workers}")
+    from master.run.local_workers import count_problem
+
+    if (problem := count_problem(args.local_workers)) is not None:
+        parser.error(problem)
     if args.study is not None or args.dry_run:
         return _study_main(parser, args)
     if args.env is None:
@@ -548,11 +550,14 @@ def _resumed_config(
     from master.observe.progress import notice_stream
     from master.run.checkpoint import algorithm_section
     from master.run.start import resume_config
+    from neuro.policy_spec import ModuleUnavailable
 
     budget = {k: overrides.pop(k) for k in ("generations", "frames", "target_score")
               if k in overrides}  # fmt: skip
     try:
         saved = resume_config(resume)
+    except ModuleUnavailable:
+        raise  # the env's package is missing here: the checkpoint is fine, named as it is
     except (ValueError, TypeError, KeyError) as error:
         # E.g. a bad value an older master accepted (lease_seconds 0): refused, never run.
         why = f"no {error.args[0]!r} setting" if isinstance(error, KeyError) else str(error)
@@ -615,7 +620,7 @@ def _serve(
         asyncio.run(start.run_master(config, run_dir, serve, options, resume=resume))
     except (OSError, RuntimeError) as error:
         print(f"neuro-master: {error}", file=sys.stderr)
-        return 1
+        return getattr(error, "exit_code", 1)  # a run stopped unfinished: start.RunStopped
     return 0
 
 

@@ -9,7 +9,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from neuro.allocator import worker_environment
@@ -20,6 +20,16 @@ log = logging.getLogger(__name__)
 
 PLACEMENT_FLAGS = ("--device", "--envs", "--cpu")
 """Worker flags that say where a worker runs: a --worker-arg naming one places the workers."""
+WORKER_SETTINGS_ENV = ("NEURO_DEVICE", "NEURO_ENVS", "NEURO_SLOTS", "NEURO_CPU",
+                       "NEURO_INFERENCE_ENGINE", "NEURO_ATARI_BACKEND", "NEURO_ATARI_ENGINE",
+                       "NEURO_MASTER", "NEURO_TLS_CA", "NEURO_TOKEN_FILE", "NEURO_SPOT_NOTICE",
+                       "NEURO_SPOT_POLL_SECONDS")  # fmt: skip
+"""neuro-worker's settings from its environment that would make a local worker other than
+the one the master placed (and logged), or point it elsewhere: local workers are told only
+through their arguments (--worker-arg); the host's directories and log level are kept."""
+MAX_LOCAL_WORKERS_PER_CPU = 2
+"""--local-workers at most this many per CPU the master may use: each is a process playing on
+one core, so more only share cores (and thousands would exhaust the host)."""
 
 
 def local_worker_args(
@@ -49,6 +59,36 @@ def batched_local_workers(worker_arg: Sequence[str], count: int, gpus: int | Non
     if envs not in (None, "0") or (device is not None and device != "cpu"):
         return True
     return count == 1 and device is None and gpus is not None
+
+
+def count_problem(count: int, cpus: int | None = None) -> str | None:
+    """Why `count` local workers cannot be started (None: they can). `cpus`: those this
+    process may use (allowed_cpus, by default)."""
+    if cpus is None:
+        cpus = len(allowed_cpus()) or os.cpu_count() or 1
+    most = MAX_LOCAL_WORKERS_PER_CPU * max(1, cpus)
+    if not 0 <= count <= most:
+        return (f"--local-workers must be in [0, {most}] ({MAX_LOCAL_WORKERS_PER_CPU} per CPU "
+                f"this process may use, {cpus}), got {count}")  # fmt: skip
+    return None
+
+
+def local_worker_environment(environment: Mapping[str, str], token: str | None) -> dict[str, str]:
+    """What a local worker's environment is, given the master's: one torch thread, tcmalloc
+    where the host has it, the token if there is one, and none of neuro-worker's settings."""
+    # One torch thread per worker process: W workers on W cores, no oversubscription;
+    # tcmalloc preloaded where the host has it (see neuro.allocator).
+    env = worker_environment(
+        {**environment, "OMP_NUM_THREADS": environment.get("OMP_NUM_THREADS", "1")}
+    )
+    # A NEURO_ENVS of the master's would make a batched worker of a per-core one, a NEURO_CPU
+    # put every unpinned one on the same core: each is told by its arguments alone.
+    for name in WORKER_SETTINGS_ENV:
+        env.pop(name, None)
+    if token is not None:
+        # Through the environment, not argv: any user on the host can read argv in ps.
+        env["NEURO_TOKEN"] = token
+    return env
 
 
 def _placed_by_user(worker_arg: Sequence[str]) -> bool:
@@ -178,6 +218,8 @@ class LocalWorkers:
         self.extra_args = extra_args
         self._token = token
         self.processes: list[subprocess.Popen] = []
+        self.all_exited: list[int] | None = None
+        """Their exit codes, once every one exited while the run went on (watch)."""
 
     def __repr__(self) -> str:
         alive = sum(p.poll() is None for p in self.processes)
@@ -188,21 +230,10 @@ class LocalWorkers:
             raise RuntimeError(
                 "--local-workers needs the worker installed: pip install 'neuro[worker]'"
             )
-        # One torch thread per worker process: W workers on W cores, no oversubscription;
-        # tcmalloc preloaded where the host has it (see neuro.allocator).
-        env = worker_environment(
-            {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        )
-        # Each pinned worker gets its own --cpu; a NEURO_CPU of the master's environment would
-        # put every unpinned one on the same core.
-        env.pop("NEURO_CPU", None)
+        env = local_worker_environment(os.environ, self._token)
         if self.cpus:
             log.info("local workers pinned to CPUs %s (--no-pin-workers: not pinned)",
                      ", ".join(map(str, self.cpus)))  # fmt: skip
-        if self._token is not None:
-            # Through the environment, not argv: any user on the host can read argv in ps.
-            env["NEURO_TOKEN"] = self._token
-            env.pop("NEURO_TOKEN_FILE", None)  # it would take precedence in the worker
         for index in range(self.count):
             command = [
                 sys.executable, "-m", "worker", "--master", self.address,
@@ -220,7 +251,7 @@ class LocalWorkers:
             if all(p.poll() not in (None, 0) for p in self.processes):
                 codes = [p.returncode for p in self.processes]
                 log.error("every local worker exited (codes %s); stopping the run", codes)
-                print(f"neuro master: every local worker exited (codes {codes})", file=sys.stderr)
+                self.all_exited = codes
                 training.cancel()
                 return
 

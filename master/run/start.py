@@ -68,6 +68,16 @@ class Master:
         await self.server.stop(grace)
 
 
+class RunStopped(RuntimeError):
+    """The run stopped before its budget was spent (a signal, or every local worker exited);
+    its run dir holds the checkpoint it resumes from. `exit_code`: what neuro-master exits
+    with (128 + the signal's number, as a shell reports a signalled process; 1 otherwise)."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def resume_config(payload: dict[str, Any], **budget: Any) -> RunConfig:
     """The checkpointed run's settings; only the budget (generations, frames, target) may change."""
     unknown = set(budget) - {"generations", "frames", "target_score"}
@@ -327,9 +337,15 @@ async def run_master(
         )
     training = asyncio.ensure_future(master.trainer.run())
     loop = asyncio.get_running_loop()
+    signalled: list[int] = []
+
+    def stop(signum: int) -> None:
+        signalled.append(signum)
+        training.cancel()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, training.cancel)
+            loop.add_signal_handler(signum, stop, signum)
     try:
         companions.workers.start()
         watchdog = asyncio.ensure_future(companions.workers.watch(training))
@@ -338,11 +354,25 @@ async def run_master(
         except asyncio.CancelledError:
             if out is not None:
                 print("neuro master: stopping", file=notice_stream(out), flush=True)
-            return master.trainer.records
+            _raise_if_unfinished(signalled, companions.workers)
+            return master.trainer.records  # cancelled by the caller, who knows why
         finally:
             watchdog.cancel()
     finally:
         await _shut_down(master, companions)
+
+
+def _raise_if_unfinished(signalled: list[int], workers: LocalWorkers) -> None:
+    """RunStopped, saying why, where a signal or the local workers' exits stopped the run:
+    scripts and restart policies read the exit status."""
+    resume = "its run dir holds the checkpoint: start the master on it again to continue"
+    if workers.all_exited is not None:
+        raise RunStopped(f"every local worker exited (codes {workers.all_exited}) before the "
+                         f"run's budget was spent; {resume}")  # fmt: skip
+    if signalled:
+        name = signal.Signals(signalled[0]).name
+        raise RunStopped(f"stopped by {name} before the run's budget was spent; {resume}",
+                         exit_code=128 + signalled[0])  # fmt: skip
 
 
 async def _start_companions(

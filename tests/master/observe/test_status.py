@@ -531,7 +531,7 @@ def test_neuro_master_serves_metrics_while_it_trains(tmp_path: Path, noise_cache
         assert len(samples["neuro_worker_frames_per_second"]) == 1
         master.send_signal(signal.SIGTERM)
         out, err = master.communicate(timeout=60)
-        assert master.returncode == 0, err[-3000:]
+        assert master.returncode == 128 + signal.SIGTERM, err[-3000:]  # stopped unfinished
         assert f"neuro master: metrics at {url}" in out + err  # stderr when stdout is piped
     finally:
         stop_processes([master])
