@@ -550,11 +550,14 @@ def _resumed_config(
     from master.observe.progress import notice_stream
     from master.run.checkpoint import algorithm_section
     from master.run.start import resume_config
+    from neuro.policy_spec import ModuleUnavailable
 
     budget = {k: overrides.pop(k) for k in ("generations", "frames", "target_score")
               if k in overrides}  # fmt: skip
     try:
         saved = resume_config(resume)
+    except ModuleUnavailable:
+        raise  # the env's package is missing here: the checkpoint is fine, named as it is
     except (ValueError, TypeError, KeyError) as error:
         # E.g. a bad value an older master accepted (lease_seconds 0): refused, never run.
         why = f"no {error.args[0]!r} setting" if isinstance(error, KeyError) else str(error)

@@ -41,7 +41,7 @@ from neuro.inference import (
 )
 from neuro.layout import ATARI_SHAPE, check_parameter_count, parameter_count, parameter_layout
 from neuro.noise import MAX_NOISE_TABLE_SIZE, PAPER_NOISE_TABLE_SIZE, SMALL_NOISE_TABLE_SIZE
-from neuro.policy_spec import UserPolicy, is_factory, user_policy
+from neuro.policy_spec import ModuleUnavailable, UserPolicy, is_factory, user_policy
 from neuro.runfiles import GENOME_FORMAT
 from neuro.task_limits import MAX_EPISODE_STEPS, MAX_EPISODES_PER_TASK
 
@@ -479,6 +479,8 @@ def env_step_limit(env_id: str) -> int:
     (neuro.envs.make builds them with gym.make); 0 if it has none or the id is not known."""
     try:
         spec = env_spec(env_id)  # neuro's toy tasks, the maze, a module:Env-id's module
+    except ModuleUnavailable:
+        raise  # the env's package is missing here: said as it is, not as "no limit"
     except ValueError:
         return 0
     return int(spec.max_episode_steps or 0)

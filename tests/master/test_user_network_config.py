@@ -110,3 +110,25 @@ def test_what_does_not_fit_is_refused_by_name_before_the_run_dir(
 
 def test_a_module_env_ids_run_dir_is_named_without_its_colon() -> None:
     assert _dir_name(MY_ENV) == "userpkg_MyEnv-v0" and _dir_name("ALE/Pong-v5") == "ALE_Pong-v5"
+
+
+def test_a_master_without_the_envs_package_names_it_on_resume_and_keeps_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from master.run.checkpoint import save_checkpoint
+
+    config = preset(inspect_env_id(MY_ENV), architecture=MLP_FACTORY).to_dict()
+    config["env_id"] = "not_installed_pkg:MyEnv-v0"  # the run's package, missing on this host
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    payload = {"config": config, "algorithm": {"name": "ga", "state": {"generation": 3}}}
+    save_checkpoint(run_dir, payload)
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
+    parser = build_parser()
+    with pytest.raises(SystemExit) as exit_info:
+        _resolve_config(parser, parser.parse_args(["--env", config["env_id"]]), run_dir)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "cannot import module 'not_installed_pkg' (env not_installed_pkg:MyEnv-v0)" in error
+    assert "cannot be resumed" not in error  # the checkpoint is fine: install the package
+    assert {path.name: path.read_bytes() for path in run_dir.iterdir()} == before
