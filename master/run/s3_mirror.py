@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from master.observe.events import Observer, RunSnapshot
-from master.run.checkpoint import CURRENT, PREVIOUS
+from master.run.checkpoint import CURRENT, PREVIOUS, SIDECAR_PREFIX, SIDECAR_SUFFIX
 from master.run.rundir import write_bytes_atomic
 from neuro.runfiles import BEST_GENOME, CONFIG, ELITE_GENOME, GENOMES, METRICS
 
@@ -143,6 +143,9 @@ class RunDirMirror:
         # Genome files S3 already holds: named by their content, so never uploaded again.
         self._stored_genomes: set[str] = set()
         self._failing = False
+        self._swept = False
+        """Whether the ES state files no checkpoint of this run dir names (an earlier master
+        process's) were deleted from S3."""
 
     def __repr__(self) -> str:
         return f"RunDirMirror({str(self.uri)!r}, uploaded={sorted(self._uploaded)})"
@@ -163,8 +166,12 @@ class RunDirMirror:
             return False
         run_dir.mkdir(parents=True, exist_ok=True)
         # Data first and the current checkpoint last: a restore cut short leaves no checkpoint
-        # (and is redone) or one that every data file is at least as new as.
-        extras = sorted(name for name in present if _is_extra_file(name))
+        # (and is redone) or one that every data file is at least as new as. Of the ES state
+        # files, only those the checkpoints name (each can be tens of MB).
+        named = self._named_state_files(present)
+        wanted = (lambda name: name in named) if named is not None else (lambda name: True)
+        extras = sorted(name for name in present if _is_extra_file(name)
+                        and (not _is_state_file(name) or wanted(name)))  # fmt: skip
         for name in (*DATA_FILES, *extras, *CHECKPOINT_FILES):
             if name in present:
                 try:
@@ -172,6 +179,24 @@ class RunDirMirror:
                 except Exception as error:
                     raise MirrorError(self._describe(f"cannot download {name}", error)) from None
         return True
+
+    def _named_state_files(self, present: set[str]) -> set[str] | None:
+        """The ES state files S3's checkpoints name; None if one cannot be read (then every
+        one is restored, and the loader picks)."""
+        named: set[str] = set()
+        for name in CHECKPOINT_FILES:
+            if name not in present:
+                continue
+            try:
+                body = self.client.get_object(Bucket=self.uri.bucket, Key=self.uri.key(name))
+                record = json.loads(body["Body"].read())["payload"].get("sidecar")
+            except Exception as error:
+                log.warning("%s", self._describe(f"cannot read {name}; restoring every ES "
+                                                 "state file", error))  # fmt: skip
+                return None
+            if isinstance(record, dict) and isinstance(record.get("file"), str):
+                named.add(record["file"])
+        return named
 
     def _check_same_run(self, run_dir: Path, present: set[str]) -> None:
         """Refuses to mirror a local run over a prefix that holds a different one."""
@@ -264,6 +289,13 @@ class RunDirMirror:
             if _is_extra_file(name) and not (run_dir / name).exists():
                 self.client.delete_object(Bucket=self.uri.bucket, Key=self.uri.key(name))
                 del self._uploaded[name]
+        if not self._swept and CURRENT in self._uploaded:
+            # Once, after this process's first checkpoint is up: the state files an earlier
+            # master process left, which no checkpoint names any more.
+            for name in sorted(self._list()):
+                if _is_state_file(name) and not (run_dir / name).exists():
+                    self.client.delete_object(Bucket=self.uri.bucket, Key=self.uri.key(name))
+            self._swept = True
         document = {**status, "updated_at": round(time.time(), 3)}
         self._put(STATUS_FILE, (json.dumps(document, indent=2) + "\n").encode())
 
@@ -310,6 +342,11 @@ def _is_extra_file(name: str) -> bool:
     if head == GENOMES:
         return _is_genome_file(name)
     return head == TENSORBOARD_DIR and "/" not in tail and tail.startswith("events.out.tfevents")
+
+
+def _is_state_file(name: str) -> bool:
+    """An ES state file a checkpoint names (es_state-<generation>-<serial>.npy)."""
+    return "/" not in name and name.startswith(SIDECAR_PREFIX) and name.endswith(SIDECAR_SUFFIX)
 
 
 def _is_genome_file(name: str) -> bool:

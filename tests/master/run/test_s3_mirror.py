@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import numpy as np
 import pytest
 
 import master.run.start
 from master.cli import main
 from master.config import inspect_env_id, preset
 from master.observe.events import RunSnapshot
+from master.run.checkpoint import load_checkpoint, save_checkpoint, save_sidecar
 from master.run.rundir import read_metrics
 from master.run.s3_mirror import (
     STATUS_FIELDS,
@@ -174,6 +176,36 @@ def test_sync_uploads_what_changed_data_before_checkpoints_and_restore_brings_it
     assert (fresh / "checkpoint.json").read_text() == "local"
     assert not RunDirMirror("s3://runs/other", client=s3()).restore(tmp_path / "empty")
     assert not (tmp_path / "empty").exists()
+
+
+def test_es_state_files_no_checkpoint_names_are_neither_restored_nor_kept_in_s3(
+    aws_endpoint: str, tmp_path: Path
+) -> None:
+    """An earlier master process's ES state files: restore() fetched every one of them, and
+    no later process ever deleted them."""
+    s3().create_bucket(Bucket="runs")
+    first, fresh = tmp_path / "first", tmp_path / "fresh"
+    write_run_files(first, "one")
+    state = np.arange(4, dtype=np.float32)
+    for generation in (2, 3):  # checkpoint.prev.json names the first, checkpoint.json the next
+        save_checkpoint(first, {"sidecar": save_sidecar(first, generation, state)})
+    (first / "elite_params.npy").write_bytes(b"not a state file")
+    named = sorted(p.name for p in first.glob("es_state-*.npy"))
+    assert len(named) == 2
+    assert RunDirMirror("s3://runs/es", client=s3()).sync(first, {})
+    stale = ["es_state-0-0.npy", "es_state-1-7.npy"]  # left by a master process before
+    for name in stale:
+        s3().put_object(Bucket="runs", Key=f"es/{name}", Body=b"old state")
+
+    replacement = RunDirMirror("s3://runs/es", client=s3())
+    assert replacement.restore(fresh)
+    assert sorted(p.name for p in fresh.glob("*.npy")) == sorted([*named, "elite_params.npy"])
+    assert load_checkpoint(fresh) == load_checkpoint(first)
+    assert replacement.sync(fresh, {})
+    stored = objects("runs", "es/")
+    assert sorted(name for name in stored if name.endswith(".npy")) == sorted(
+        [*named, "elite_params.npy"]
+    )
 
 
 def test_a_refused_sync_warns_once_and_the_next_one_uploads_everything(
