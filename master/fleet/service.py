@@ -32,6 +32,13 @@ MAX_TASK_IDS_PER_CALL = 4096
 a worker holds (slots + prefetch), few enough that no single call stalls the master."""
 MAX_EPISODE_FRAMES = 2**32 - 1
 """Far above any real episode; keeps cumulative frame counts inside Status's uint64."""
+MAX_EPISODE_RETURN = float(2**53)
+"""The largest episode return taken, either sign. An env's returns have no bound the master
+knows (a game's scores are its own; gymnasium declares no reward range), so any finite score a
+worker holding the task reports is its word, as the token makes it; but past 2**53 a float64
+no longer holds every integer score, and a generation's sums and means of returns this large
+stay finite (1e308 twice is inf, which no statistic or target can use). Atari's highest scores
+are below 1e7."""
 MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES
 """The server's receive limit (grpc's default); a larger request gets RESOURCE_EXHAUSTED."""
 PARAMETER_CHUNK_BYTES = 2**20
@@ -500,6 +507,11 @@ def _result_problem(
     for value in returns:
         if not math.isfinite(value):
             return f"task {task_id[:80]}: episode return {value!r} is not finite"
+        if abs(value) > MAX_EPISODE_RETURN:
+            return (
+                f"task {task_id[:80]}: episode return {value!r} is beyond "
+                f"+-{MAX_EPISODE_RETURN:.0f} (2**53), more than any env scores"
+            )
         if value == 0.0 and math.copysign(1.0, value) < 0:
             # A sum of rewards that starts at 0.0 is never -0.0; only a broken client sends it.
             return f"task {task_id[:80]}: episode return {value!r} is negative zero"
