@@ -27,6 +27,8 @@ WORKER_SETTINGS_ENV = ("NEURO_DEVICE", "NEURO_ENVS", "NEURO_SLOTS", "NEURO_CPU",
 """neuro-worker's settings from its environment that would make a local worker other than
 the one the master placed (and logged), or point it elsewhere: local workers are told only
 through their arguments (--worker-arg); the host's directories and log level are kept."""
+LOG_FILE = "local-workers.log"
+"""Where, in the run dir, local workers write while the master draws a live progress bar."""
 MAX_LOCAL_WORKERS_PER_CPU = 2
 """--local-workers at most this many per CPU the master may use: each is a process playing on
 one core, so more only share cores (and thousands would exhaust the host)."""
@@ -198,7 +200,8 @@ def _sibling_rank(cpu: int) -> int:
 class LocalWorkers:
     """Starts `count` `python -m worker` processes and stops them with the run.
 
-    `cpus`: worker i is pinned to cpus[i] (neuro-worker --cpu); empty: none is pinned."""
+    `cpus`: worker i is pinned to cpus[i] (neuro-worker --cpu); empty: none is pinned. `log`:
+    a file their output is appended to (None: they write where the master does)."""
 
     def __init__(
         self,
@@ -207,12 +210,14 @@ class LocalWorkers:
         extra_args: tuple[str, ...] = (),
         token: str | None = None,
         cpus: Sequence[int] = (),
+        log: Path | None = None,
     ) -> None:
         if count < 0:
             raise ValueError(f"local worker count must be >= 0, got {count}")
         if cpus and len(cpus) != count:
             raise ValueError(f"{count} local workers need {count} CPUs to pin to, got {list(cpus)}")
         self.cpus = tuple(cpus)
+        self.log = log
         self.address = address
         self.count = count
         self.extra_args = extra_args
@@ -234,13 +239,19 @@ class LocalWorkers:
         if self.cpus:
             log.info("local workers pinned to CPUs %s (--no-pin-workers: not pinned)",
                      ", ".join(map(str, self.cpus)))  # fmt: skip
-        for index in range(self.count):
-            command = [
-                sys.executable, "-m", "worker", "--master", self.address,
-                "--worker-id", f"local-{os.getpid()}-{index}",
-                *(("--cpu", str(self.cpus[index])) if self.cpus else ()), *self.extra_args,
-            ]  # fmt: skip
-            self.processes.append(subprocess.Popen(command, env=env))
+        with contextlib.ExitStack() as opened:
+            output = None
+            if self.log is not None and self.count:
+                # Each child holds its own descriptor of it: this one closes once they start.
+                output = opened.enter_context(open(self.log, "ab"))
+            for index in range(self.count):
+                command = [
+                    sys.executable, "-m", "worker", "--master", self.address,
+                    "--worker-id", f"local-{os.getpid()}-{index}",
+                    *(("--cpu", str(self.cpus[index])) if self.cpus else ()), *self.extra_args,
+                ]  # fmt: skip
+                process = subprocess.Popen(command, env=env, stdout=output, stderr=output)
+                self.processes.append(process)
 
     async def watch(self, training: asyncio.Future) -> None:
         """Stops the run if every local worker died, instead of waiting forever."""

@@ -33,9 +33,10 @@ from master.fleet.service import (
 )
 from master.fleet.tasks import ParameterStore, task_template
 from master.observe.events import GenerationRecord, Observer
-from master.observe.progress import ProgressObserver, notice_stream
+from master.observe.progress import ProgressObserver, is_terminal, notice_stream
 from master.observe.tensorboard import TensorBoardObserver
 from master.run.algorithm_setup import behaviour_size_of, build_algorithm
+from master.run.local_workers import LOG_FILE as LOCAL_WORKERS_LOG
 from master.run.local_workers import LocalWorkers
 from master.run.rundir import RunDirectory
 from master.run.s3_mirror import FINAL_SYNC_TIMEOUT_S, MirrorLoop, RunDirMirror, status_document
@@ -335,6 +336,11 @@ async def run_master(
             file=notice_stream(out),
             flush=True,
         )
+        workers = companions.workers
+        if workers.log is not None and workers.count:
+            plural = "s" if workers.count != 1 else ""
+            print(f"neuro master: {workers.count} local worker{plural}, their log in "
+                  f"{workers.log}", file=notice_stream(out), flush=True)  # fmt: skip
     training = asyncio.ensure_future(master.trainer.run())
     loop = asyncio.get_running_loop()
     signalled: list[int] = []
@@ -402,8 +408,13 @@ async def _start_companions(
         syncer.start()
     host = serve.host
     connect_host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+    # A live progress bar: the workers' own lines (joining, pinning, allocator advice, each
+    # once per worker) would break it, so they go to a file, which one line names.
+    out = options.out
+    log = run_dir / LOCAL_WORKERS_LOG if out is not None and is_terminal(out) else None
     workers = LocalWorkers(f"{connect_host}:{master.port}", options.local_workers,
-                           options.worker_args, serve.token, options.worker_cpus)  # fmt: skip
+                           options.worker_args, serve.token, options.worker_cpus,
+                           log)  # fmt: skip
     return _Companions(workers, metrics, syncer)
 
 

@@ -234,6 +234,8 @@ def test_a_piped_stdout_gets_exactly_one_json_line_per_generation(
     metrics = read_metrics(run_dir / "metrics.jsonl")
     lines = done.stdout.splitlines(keepends=True)
     assert len(lines) == len(metrics) == 3
+    # Piped, the local worker writes where the master does.
+    assert "joining master" in done.stderr and not (run_dir / "local-workers.log").exists()
     assert "\x1b" not in done.stdout and "\r" not in done.stdout
     for line, metric in zip(lines, metrics, strict=True):
         assert line.endswith("\n")
@@ -253,19 +255,19 @@ def test_a_piped_stdout_gets_exactly_one_json_line_per_generation(
 def test_a_terminal_gets_generation_lines_under_a_live_bar(
     tmp_path: Path, noise_cache: Path
 ) -> None:
-    """A pseudo-terminal as stdout; 200 individuals on one worker take over a second."""
+    """A pseudo-terminal as stdout and stderr, as a shell gives them; 200 individuals on one
+    worker take over a second."""
     run_dir = tmp_path / "run"
     command = [*MASTER, *SMALL_RUN, "--population", "200", "--generations", "2",
                "--run-dir", str(run_dir)]  # fmt: skip
     main_fd, terminal_fd = os.openpty()
     fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    with open(tmp_path / "stderr", "w") as stderr:
-        process = subprocess.Popen(command, env=worker_env(), cwd=REPO, stdin=subprocess.DEVNULL,
-                                   stdout=terminal_fd, stderr=stderr)  # fmt: skip
+    process = subprocess.Popen(command, env=worker_env(), cwd=REPO, stdin=subprocess.DEVNULL,
+                               stdout=terminal_fd, stderr=terminal_fd)  # fmt: skip
     os.close(terminal_fd)
     try:
         screen = _read_until_closed(main_fd, deadline=time.monotonic() + 120)
-        assert process.wait(30) == 0, (tmp_path / "stderr").read_text()[-3000:]
+        assert process.wait(30) == 0, screen.decode(errors="replace")[-3000:]
     finally:
         if process.poll() is None:
             process.kill()
@@ -273,6 +275,10 @@ def test_a_terminal_gets_generation_lines_under_a_live_bar(
         os.close(main_fd)
     text = screen.decode()
     assert "neuro master: run " in text and "\x1b[" not in text
+    # The local worker's own lines go to a file in the run dir, which one line names.
+    log = run_dir / "local-workers.log"
+    assert f"neuro master: 1 local worker, their log in {log}" in text, text
+    assert "joining master" not in text and "joining master" in log.read_text()
     # The first offspring phase lasts at least as long as the worker takes to start: its bar
     # is drawn, and redrawn, each time on the same line (a carriage return, no newline).
     draws = re.findall(r"\rgen 0 offspring: +\d+%\|[^\r\n]*\| *(\d+)/200 \[[^\r\n]*workers \d+\]",
