@@ -15,8 +15,9 @@ from typing import Any
 
 import botocore.exceptions
 
-from deploy import cost, stack
-from deploy.cost_commands import cmd_estimate, cost_so_far, describe_cost_so_far
+from deploy import cost, fleet, stack
+from deploy.cost_commands import cost_so_far, describe_cost_so_far
+from deploy.estimate import cmd_estimate
 from deploy.stack import Clients, DeployError, StackInfo
 from deploy.stack_study import StackStudy, resolve_study
 
@@ -153,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     estimate = commands.add_parser(
-        "estimate", help="vCPU-hours and dollars of a run, before `up` (README: What a run costs)"
+        "estimate",
+        help="vCPU-hours, wall clock and dollars of a run or a study, and which fleet size "
+        "finishes soonest for the money, before `up` (README: What a run costs)",
     )
     budget = estimate.add_mutually_exclusive_group()
     budget.add_argument(
@@ -166,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_whole(1, cost.MAX_GENERATIONS, "a plan, not a typo"),
         help="a budget in generations (needs --episode-steps)",
     )
+    budget.add_argument(
+        "--study",
+        metavar="FILE",
+        help="a study file (TOML, as neuro-master --study takes): its runs' budgets, "
+        "generations and max_concurrent_runs",
+    )
     estimate.add_argument(
         "--population",
         type=_whole(1, cost.MAX_POPULATION, "a plan, not a typo"),
@@ -174,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument(
         "--episode-steps",
         type=_positive(cost.MAX_EPISODE_STEPS, "a worker's cap on an episode"),
-        help="mean episode length in agent steps (4 frames each), with --generations",
+        help="mean episode length in agent steps (4 frames each), with --generations; "
+        "with --study, for runs budgeted in generations and the final tests",
     )
     estimate.add_argument(
         "--elite-candidates",
@@ -207,6 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--worker-gpu",
         action="store_true",
         help="as for up; refused: only CPU workers have a measured throughput to price",
+    )
+    estimate.add_argument(
+        "--fleet-sizes",
+        nargs="+",
+        metavar="N",
+        type=_whole(1, cost.MAX_WORKERS, "ECS's quota of tasks per service"),
+        help=f"fleet sizes to compare (default: {', '.join(f'{n:,}' for n in fleet.FLEET_SIZES)})",
     )
     estimate.add_argument("--master-instance-type", help="default c5.large")
     estimate.add_argument(
@@ -639,6 +656,9 @@ def check_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error(f"--worker-memory {memory}: a 1-vCPU Fargate Spot worker takes "
                      f"{fargate[0]}-{fargate[-1]} MiB in steps of 1024 (or --capacity "
                      "ec2-spot)")  # fmt: skip
+    if args.fleet_sizes is not None and len(args.fleet_sizes) > fleet.MAX_FLEET_SIZES:
+        parser.error(f"--fleet-sizes: at most {fleet.MAX_FLEET_SIZES} sizes, got "
+                     f"{len(args.fleet_sizes)}")  # fmt: skip
     if args.generations is not None and args.episode_steps is not None:
         population = args.population or int(defaults["Population"])
         frames = cost.frames_for_generations(

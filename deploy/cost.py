@@ -244,6 +244,8 @@ class Cost:
     worker_usd: float
     master_hours: float
     master_usd: float | None
+    utilisation: float = 1.0
+    """The share of the workers' hours spent on the frames' work (deploy/fleet.py)."""
 
 
 def cost(
@@ -253,22 +255,27 @@ def cost(
     price: Price,
     master_price: Price | None,
     master_hours: float | None = None,
+    utilisation: float = 1.0,
 ) -> Cost:
-    """Workers: frames / measured frames per vCPU-hour, at `price`; the master: its hours (the
-    workers' wall clock unless given) at `master_price`."""
+    """Workers: frames / measured frames per vCPU-hour of work, done at `utilisation` (the
+    rest of their hours idle but paid for), at `price`; the master: its hours (the workers'
+    wall clock unless given) at `master_price`."""
     if workers < 1:
         raise DeployError(f"workers must be 1 or more to finish a run, got {workers}")
+    if not 0 < utilisation <= 1:
+        raise DeployError(f"utilisation must be in (0, 1], got {utilisation}")
     vcpu_hours = rate.vcpu_hours(frames)
-    wall_hours = vcpu_hours / workers
+    wall_hours = vcpu_hours / (workers * utilisation)
     hours = wall_hours if master_hours is None else master_hours
     return Cost(
         frames=frames,
         vcpu_hours=vcpu_hours,
         workers=workers,
         wall_hours=wall_hours,
-        worker_usd=vcpu_hours * price.usd,
+        worker_usd=vcpu_hours / utilisation * price.usd,
         master_hours=hours,
         master_usd=None if master_price is None else hours * master_price.usd,
+        utilisation=utilisation,
     )
 
 

@@ -1,12 +1,9 @@
-"""neuro-deploy's cost commands: `estimate` before a run, and the cost so far `status` shows."""
+"""What the stack's prices and settings are, and the cost so far `neuro-deploy status` shows;
+`estimate` is deploy/estimate.py."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import math
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,13 +12,8 @@ import botocore.exceptions
 from deploy import cost, stack
 from deploy.stack import Clients, DeployError
 
-EXCLUDED = (
-    "not included: S3 storage and requests, CloudWatch Logs, data transfer, the master's EBS "
-    "volume, workers idle at a generation's end or pending for Spot capacity"
-)
 
-
-def _template_settings(args: argparse.Namespace, parameters: dict[str, str]) -> dict[str, Any]:
+def template_settings(args: argparse.Namespace, parameters: dict[str, str]) -> dict[str, Any]:
     """The capacity settings a stack would get: the flags given, else `parameters`."""
 
     def pick(dest: str, key: str) -> Any:
@@ -44,7 +36,7 @@ def _template_settings(args: argparse.Namespace, parameters: dict[str, str]) -> 
     }
 
 
-def _prices(
+def prices(
     clients: Clients | None,
     args: argparse.Namespace,
     settings: dict[str, Any],
@@ -89,105 +81,6 @@ def _prices(
     return worker, master, None
 
 
-def cmd_estimate(
-    clients: Clients | None, args: argparse.Namespace, out: Callable[[str], None]
-) -> int:
-    defaults = cost.template_parameter_defaults(stack.template_body())
-    if args.generations is None and (args.episode_steps, args.population) != (None, None):
-        raise DeployError("--population and --episode-steps go with --generations")
-    settings = _template_settings(args, defaults)
-    if args.generations is not None:
-        if args.episode_steps is None:
-            raise DeployError("--generations needs --episode-steps (mean agent steps an episode)")
-        population = args.population or int(defaults["Population"])
-        frames = cost.frames_for_generations(
-            args.generations,
-            population,
-            args.episode_steps,
-            args.elite_candidates,
-            args.elite_episodes,
-        )
-        budget = (
-            f"{frames:,.0f} frames: {args.generations:,} generations x ({population:,} + "
-            f"{args.elite_candidates} x {args.elite_episodes} episodes) x "
-            f"{args.episode_steps:,g} steps x {cost.FRAME_SKIP} frames"
-        )
-    else:
-        frames = cost.PAPER_FRAMES if args.frames is None else args.frames
-        budget = f"{frames:,.0f} frames" + (" (the paper's budget)" if args.frames is None else "")
-    # The table's default is the master's on CPU workers (neuro.inference.default_dtype).
-    network, dtype = cost.throughput_table()["default"].split("/")
-    key = f"{args.network or network}/{args.inference_dtype or dtype}"
-    rate = cost.throughput(key)
-    region = clients.region if clients is not None else "-"
-    worker_price, master_price, unpriced = _prices(clients, args, settings, region)
-    result = cost.cost(frames, rate, settings["workers"], worker_price, master_price)
-    total = result.worker_usd + (result.master_usd or 0.0)
-    # The flags' bounds keep every figure finite; a price AWS sent is checked here.
-    if not all(map(math.isfinite, (result.vcpu_hours, result.wall_hours, total))):
-        raise DeployError(
-            f"no finite estimate: {frames:g} frames at {worker_price.usd:g} USD per vCPU-hour "
-            f"({worker_price.source})"
-        )
-    if args.json:
-        # allow_nan=False: the output is JSON, never a NaN or Infinity no parser accepts.
-        out(
-            json.dumps(
-                {
-                    "settings": settings,
-                    "throughput": dataclasses.asdict(rate),
-                    "worker_price": worker_price.__dict__,
-                    "master_price": master_price and master_price.__dict__,
-                    "master_unpriced": unpriced,
-                    "cost": result.__dict__,
-                    "total_usd": total,
-                    "region": region,
-                },
-                sort_keys=True,
-                allow_nan=False,
-            )
-        )
-        return 0
-    out(f"budget: {budget}")
-    out(
-        f"throughput: {rate.frames_per_s_per_vcpu:,.0f} training frames/s per vCPU, {rate.key} "
-        f"(deploy/throughput.json: measured {rate.measured} on {rate.machine})"
-    )
-    out(
-        f"compute: {result.vcpu_hours:,.2f} vCPU-hours of workers "
-        f"({rate.core_hours_per_1b_frames:g} per 1B frames)"
-    )
-    for other in rate.elsewhere:
-        # The same run at another host's measured rate: per-vCPU speed is the host's.
-        hours = other.vcpu_hours(frames)
-        out(
-            f"  measured elsewhere: {other.frames_per_s_per_vcpu:,.0f} frames/s per vCPU on "
-            f"{other.machine} ({other.measured}): {hours:,.2f} vCPU-hours, "
-            f"{hours * worker_price.usd:,.2f} USD of workers at the price below"
-        )
-    out(
-        f"wall clock: {result.wall_hours:,.2f} h at {result.workers:,} workers "
-        f"({settings['capacity']}, 1 vCPU and {settings['worker_memory']} MiB each)"
-    )
-    out(
-        f"worker price: {worker_price.usd:.4f} USD per vCPU-hour, {worker_price.source}, "
-        f"as of {worker_price.as_of}"
-    )
-    out(f"workers: {result.worker_usd:,.2f} USD")
-    master = f"master: {settings['master_instance_type']} on demand for {result.wall_hours:,.2f} h"
-    if master_price is None or result.master_usd is None:
-        out(f"{master}: excluded ({unpriced})")
-        out(f"total: {total:,.2f} USD (workers only)")
-    else:
-        out(
-            f"{master} at {master_price.usd:.4f} USD per hour ({master_price.source}, as of "
-            f"{master_price.as_of}): {result.master_usd:,.2f} USD"
-        )
-        out(f"total: {total:,.2f} USD")
-    out(EXCLUDED)
-    return 0
-
-
 def cost_so_far(
     clients: Clients, args: argparse.Namespace, info: stack.StackInfo, run: dict[str, Any] | None
 ) -> dict[str, Any] | None:
@@ -220,8 +113,8 @@ def cost_so_far(
         report["unpriced"] = "--cost prices it at the region's current prices"
         return report
     try:
-        settings = _template_settings(argparse.Namespace(), info.parameters)
-        worker_price, master_price, unpriced = _prices(
+        settings = template_settings(argparse.Namespace(), info.parameters)
+        worker_price, master_price, unpriced = prices(
             clients if args.cost else None, args, settings, clients.region,
             offline="--price without --cost asks AWS nothing; add --master-price USD_PER_HOUR",
         )  # fmt: skip

@@ -19,7 +19,7 @@ import pytest
 from botocore.stub import ANY, Stubber
 from cfnlint.decode import decode_str
 
-from deploy import cli, cost, stack
+from deploy import cli, cost, fleet, stack
 from deploy.stack import Clients
 from tests.support.aws import aws_test_env
 from tests.support.processes import REPO
@@ -48,6 +48,12 @@ TEMPLATE_TYPES = ["c5.9xlarge", "c5a.8xlarge", "c6i.8xlarge", "c6a.8xlarge"]
 def data_figure(key: str = "deepga/int8-static") -> float:
     """Frames/s per vCPU as the data file states it, read here without deploy.cost."""
     return float(json.loads(DATA_FILE.read_text())["figures"][key]["frames_per_s_per_vcpu"])
+
+
+def busy(workers: int) -> float:
+    """The simulated utilisation of a fleet this size running one run of the paper's generation
+    (deploy/fleet_utilisation.json, tests/deploy/test_fleet_model.py)."""
+    return fleet.utilisation_table().at(workers, 1, 1000 + 10 * 30)
 
 
 def price_item(service: str, attributes: dict[str, str], usd: str, unit: str = "Hrs") -> str:
@@ -197,11 +203,13 @@ def test_the_paper_frostbite_budget_on_fargate_spot(
     vcpu_hours = 1e9 / (data_figure() * 3600)
     # A 1-vCPU, 4096 MiB worker (the template's defaults): one vCPU and 4 GB at Spot list price.
     per_vcpu_hour = float(FARGATE_SPOT_VCPU) + float(FARGATE_SPOT_GB) * 4
-    wall = vcpu_hours / 720
-    workers_usd, master_usd = vcpu_hours * per_vcpu_hour, wall * float(MASTER_ON_DEMAND)
+    # The fleet is paid for its idle hours too: one run keeps 720 workers busy part of the time.
+    wall = vcpu_hours / (720 * busy(720))
+    workers_usd, master_usd = 720 * wall * per_vcpu_hour, wall * float(MASTER_ON_DEMAND)
     assert "budget: 1,000,000,000 frames (the paper's budget)" in out
     assert f"throughput: {data_figure():,.0f} training frames/s per vCPU, deepga/int8-static" in out
-    assert f"compute: {vcpu_hours:,.2f} vCPU-hours of workers" in out
+    assert f"compute: {vcpu_hours:,.2f} vCPU-hours of workers' work" in out
+    assert f"fleet: 720 workers busy {busy(720):.1%} of the time with 1 run served at once" in out
     assert f"wall clock: {wall:,.2f} h at 720 workers (fargate-spot, 1 vCPU and 4096 MiB" in out
     assert (
         f"worker price: {per_vcpu_hour:.4f} USD per vCPU-hour, AWS Price List, Fargate Spot" in out
@@ -226,10 +234,13 @@ def test_the_estimate_is_the_data_file_arithmetic_exactly(
     assert result["throughput"]["frames_per_s_per_vcpu"] == data_figure()
     assert result["cost"]["vcpu_hours"] == vcpu_hours
     assert result["cost"]["workers"] == 16  # the template's WorkerCount default
-    assert result["cost"]["wall_hours"] == vcpu_hours / 16
+    assert result["cost"]["utilisation"] == busy(16)
+    assert result["cost"]["wall_hours"] == pytest.approx(vcpu_hours / (16 * busy(16)))
     assert result["worker_price"]["usd"] == price
-    assert result["cost"]["worker_usd"] == vcpu_hours * price
-    assert result["cost"]["master_usd"] == vcpu_hours / 16 * float(MASTER_ON_DEMAND)
+    assert result["cost"]["worker_usd"] == pytest.approx(vcpu_hours / busy(16) * price)
+    assert result["cost"]["master_usd"] == pytest.approx(
+        vcpu_hours / (16 * busy(16)) * float(MASTER_ON_DEMAND)
+    )
 
 
 def test_ec2_spot_prices_the_newest_price_per_pool_per_vcpu(
@@ -248,7 +259,9 @@ def test_ec2_spot_prices_the_newest_price_per_pool_per_vcpu(
     median = statistics.median(float(usd) / VCPUS[kind] for (kind, _), (_, usd) in newest.items())
     assert result["worker_price"]["usd"] == median
     assert "median of 5 pools" in result["worker_price"]["source"]
-    assert result["cost"]["worker_usd"] == 1e9 / (data_figure() * 3600) * median
+    assert result["cost"]["worker_usd"] == pytest.approx(
+        1e9 / (data_figure() * 3600) / busy(16) * median
+    )
 
 
 def test_generations_budget(
@@ -271,17 +284,19 @@ def test_price_overrides_and_asks_aws_nothing(
     code, out, err = run_cli(capsys, "estimate", "--price", "0.02")
     assert code == 0, err
     vcpu_hours = 1e9 / (data_figure() * 3600)
+    paid = vcpu_hours / busy(16)
     assert f"compute: {vcpu_hours:,.2f} vCPU-hours" in out
     assert "worker price: 0.0200 USD per vCPU-hour, --price (given)" in out
-    assert f"workers: {vcpu_hours * 0.02:,.2f} USD" in out
+    assert f"workers: {paid * 0.02:,.2f} USD" in out
     assert "master: c5.large on demand" in out and "excluded" in out and "--master-price" in out
-    assert f"total: {vcpu_hours * 0.02:,.2f} USD (workers only)" in out
+    assert f"total: {paid * 0.02:,.2f} USD (workers only)" in out
     result = estimate_json(capsys, "--price", "0.02", "--master-price", "0.1",
                            "--inference-dtype", "bfloat16", "--workers", "100")  # fmt: skip
     vcpu_hours = 1e9 / (data_figure("deepga/bfloat16") * 3600)
-    assert result["cost"]["worker_usd"] == vcpu_hours * 0.02
-    assert result["cost"]["master_usd"] == vcpu_hours / 100 * 0.1
-    assert result["total_usd"] == vcpu_hours * 0.02 + vcpu_hours / 100 * 0.1
+    wall = vcpu_hours / (100 * busy(100))
+    assert result["cost"]["worker_usd"] == pytest.approx(100 * wall * 0.02)
+    assert result["cost"]["master_usd"] == pytest.approx(wall * 0.1)
+    assert result["total_usd"] == pytest.approx(100 * wall * 0.02 + wall * 0.1)
 
 
 def test_the_estimate_states_what_other_measured_hosts_would_take(
@@ -300,7 +315,7 @@ def test_the_estimate_states_what_other_measured_hosts_would_take(
             assert (
                 f"  measured elsewhere: {other['frames_per_s_per_vcpu']:,.0f} frames/s per vCPU "
                 f"on {other['machine']} ({other['measured']}): {hours:,.2f} vCPU-hours, "
-                f"{hours * 0.02:,.2f} USD of workers at the price below"
+                f"{hours / busy(16) * 0.02:,.2f} USD of workers at the price below"
             ) in out
         result = estimate_json(capsys, "--price", "0.02", "--inference-dtype", dtype)
         listed = result["throughput"]["elsewhere"]
