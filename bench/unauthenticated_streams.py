@@ -6,7 +6,8 @@ ended: held open ("open"), refused by the master's bound (RESOURCE_EXHAUSTED), o
 HTTP/2 because a connection opened more at once than its limit of concurrent streams, before
 the client had heard the limit (UNAVAILABLE: REFUSED_STREAM).
 
-    python -m bench.unauthenticated_streams --streams 10000 --connections 4
+    python -m bench.unauthenticated_streams --streams 10000 --connections 4 \
+        --json bench/results/unauthenticated-streams-<machine>-<date>.json
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.common import provenance, raise_file_limit
+from bench.common import provenance, raise_file_limit, write_json
 
 SETTLE_S = 3.0
 OPEN_S = 120.0
@@ -132,9 +133,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=10_000)
     parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--json", help="also write the result to this file")
     args = parser.parse_args()
     raise_file_limit()
-    print(json.dumps(asyncio.run(measure(args)), indent=2))
+    result = asyncio.run(measure(args))
+    print(json.dumps(result, indent=2))
+    if args.json:
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":
