@@ -353,7 +353,7 @@ def test_local_workers_get_the_token_through_the_environment(monkeypatch):
     monkeypatch.setattr("neuro.allocator.tcmalloc_installed", lambda: False)
     monkeypatch.setattr(
         "master.run.local_workers.subprocess.Popen",
-        lambda command, env: started.append((command, env)),
+        lambda command, env, **output: started.append((command, env)),
     )
     workers = LocalWorkers("127.0.0.1:1", 2, ("--slots", "2"), token=TOKEN)
     workers.start()

@@ -154,7 +154,7 @@ def test_local_workers_start_with_their_cpus_and_without_the_masters_neuro_cpu(m
     monkeypatch.setattr("master.run.local_workers._worker_installed", lambda: True)
     monkeypatch.setattr("neuro.allocator.tcmalloc_installed", lambda: False)
     monkeypatch.setattr("master.run.local_workers.subprocess.Popen",
-                        lambda command, env: started.append((command, env)))  # fmt: skip
+                        lambda command, env, **output: started.append((command, env)))  # fmt: skip
     LocalWorkers("127.0.0.1:1", 2, ("--slots", "2"), cpus=(1, 0)).start()
     for (command, env), cpu in zip(started, ("1", "0"), strict=True):
         assert command[command.index("--cpu") + 1] == cpu
