@@ -76,7 +76,7 @@ def test_local_workers_start_with_the_worker_environment(monkeypatch):
     monkeypatch.setattr("master.run.local_workers._worker_installed", lambda: True)
     monkeypatch.setattr(
         "master.run.local_workers.subprocess.Popen",
-        lambda command, env: started.append(env),
+        lambda command, env, **output: started.append(env),
     )
     LocalWorkers("127.0.0.1:1", 2).start()
     assert [env["LD_PRELOAD"] for env in started] == [TCMALLOC, TCMALLOC]

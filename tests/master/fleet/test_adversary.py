@@ -44,7 +44,7 @@ AUTH = bearer_metadata(TOKEN)
 CURRENT = pb.PROTOCOL_VERSION_CURRENT
 N, K, E, GENERATIONS = 16, 2, 3, 3
 CARTPOLE_MAX = 500.0
-FORGED_SCORES = (1e300, 123.5)
+FORGED_SCORES = (1e15, 123.5)
 """What the adversary reports: impossible for CartPole (above 500, or not a whole number)."""
 MAX_ROUNDS = 2000
 RUN_S = 150.0
@@ -78,7 +78,7 @@ async def adversary(stub: pb_grpc.EvolutionStub, run_id: str, training, tally: C
             for t in picked
         ]  # fmt: skip
         failures = [pb.TaskResult(task_id=t, run_id=run_id, error="forged failure") for t in picked]
-        foreign = [pb.TaskResult(task_id=t, run_id="another-run", episode_returns=[1e300],
+        foreign = [pb.TaskResult(task_id=t, run_id="another-run", episode_returns=[1e15],
                                  episode_frames=[1], frames=1) for t in picked]  # fmt: skip
         for batch in (forged, forged, failures * 5, failures * 5, foreign):
             request = pb.ReportRequest(**common, results=batch)
