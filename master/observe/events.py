@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from master.fleet.roster import WorkerStats
 from neuro.runfiles import seeds_sha256
@@ -101,6 +101,43 @@ class RunSnapshot:
     last_record: GenerationRecord | None = None
     worker_status: tuple[WorkerStats, ...] = ()
     """Per-worker figures; empty unless the snapshot was taken with the worker table."""
+
+
+RunState = Literal["queued", "running", "complete", "failed"]
+RUN_STATES: tuple[RunState, ...] = ("queued", "running", "complete", "failed")
+"""A study's run: waiting its turn, being served, its budget spent and tested, or stopped by an
+error (study.json records the same words)."""
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One run of a study as its watchers see it: who it is, its state, where it stands."""
+
+    name: str
+    env_id: str
+    seed: int
+    label: str
+    state: RunState
+    snapshot: RunSnapshot | None
+    """Where the run stands; None until it started (in this master process)."""
+    error: str = ""
+    """Why a failed run failed; empty otherwise."""
+
+
+class StudyView(Protocol):
+    """What the watchers of a study read: each run, and how busy the fleet is.
+
+    Read on the event loop, whenever a watcher redraws or is asked; each call answers as of now.
+    """
+
+    def runs(self) -> tuple[RunView, ...]:
+        """Every run of the study, in the study file's order."""
+        ...
+
+    def utilisation(self) -> float | None:
+        """The fleet's busy fraction (worker-seconds / (workers x wall)) over a recent window;
+        None when unknown (no worker yet, or too little time to tell)."""
+        ...
 
 
 class Observer:

@@ -214,6 +214,42 @@ def notice_stream(out: TextIO) -> TextIO:
     return out if is_terminal(out) else sys.stderr
 
 
+def terminal_size(out: TextIO) -> tuple[int, int]:
+    """(columns, lines) of the terminal `out` writes to; DEFAULT_SIZE where it reports none."""
+    try:
+        size = os.get_terminal_size(out.fileno())
+    except (AttributeError, ValueError, OSError):
+        return DEFAULT_SIZE
+    # A fresh pseudo-terminal may report 0x0.
+    return size.columns or DEFAULT_SIZE[0], size.lines or DEFAULT_SIZE[1]
+
+
+class Output:
+    """Writes progress to a stream until a write fails, then nothing more.
+
+    A closed pipe or terminal must not stop the run: the run dir has it all.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> None:
+        """Writes `text` as it is and flushes it."""
+        if self.broken:
+            return
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError) as error:
+            self.broken = True
+            log.warning("progress output stopped: %s", error)
+
+    def line(self, line: str) -> None:
+        """Writes `line` and a newline."""
+        self.write(line + "\n")
+
+
 class ProgressObserver(Observer):
     """Prints each generation to `out`; on a terminal, also a live bar for the running phase.
 
@@ -241,7 +277,7 @@ class ProgressObserver(Observer):
         self._ticker: asyncio.Future[None] | None = None
         self._bar: tqdm | None = None
         self._bar_key: tuple[int, str] | None = None
-        self._broken = False
+        self._output = Output(out)
 
     def started(self, snapshot: Callable[[], RunSnapshot]) -> None:
         self._snapshot = snapshot
@@ -264,7 +300,7 @@ class ProgressObserver(Observer):
             elif shown:
                 self._bar.clear()  # the next generation's bar comes back below the line
         self._write(generation_line(record, stats))
-        if self._bar is not None and shown and not self._broken:
+        if self._bar is not None and shown and not self._output.broken:
             self._bar.refresh()
 
     def stopped(self) -> None:
@@ -274,14 +310,7 @@ class ProgressObserver(Observer):
         self._close_bar()
 
     def _write(self, line: str) -> None:
-        if self._broken:
-            return
-        try:
-            print(line, file=self.out, flush=True)
-        except (OSError, ValueError) as error:
-            # A closed pipe or terminal must not stop the run: the run dir has it all.
-            self._broken = True
-            log.warning("progress output stopped: %s", error)
+        self._output.line(line)
 
     async def _redraw_periodically(self) -> None:
         while True:
@@ -295,7 +324,7 @@ class ProgressObserver(Observer):
                 return
 
     def _redraw(self) -> None:
-        if self._snapshot is None or self._broken:
+        if self._snapshot is None or self._output.broken:
             return
         now = self._snapshot()
         total = now.tasks_pending + now.tasks_leased + now.tasks_done
