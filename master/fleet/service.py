@@ -78,6 +78,8 @@ class StatusFigures(Protocol):
 
     master.observe.events.RunSnapshot is one; it is declared here because the snapshot is the
     loop's type, in a room above the fleet, and this edge only copies its fields into protobuf.
+    A study's figures may also have StudyFigures' runs() and utilisation(), which Status lists;
+    a single run's have neither, and Status lists no runs.
     """
 
     @property
@@ -108,6 +110,37 @@ class StatusFigures(Protocol):
     def leases_reissued(self) -> int: ...
     @property
     def run_complete(self) -> bool: ...
+
+
+class RunFigures(Protocol):
+    """One run of a study as Status lists it: master.observe.events.RunView is one."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def env_id(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def snapshot(self) -> StatusFigures | None: ...
+    @property
+    def error(self) -> str: ...
+
+
+class StudyFigures(StatusFigures, Protocol):
+    """The figures of a master serving a study: the fleet's, each run's, how busy the fleet is."""
+
+    def runs(self) -> Sequence[RunFigures]:
+        """Every run of the study, in its file's order."""
+        ...
+
+    def utilisation(self) -> float | None:
+        """The fleet's busy fraction over a recent window; None when unknown."""
+        ...
 
 
 _DISPOSITIONS = {
@@ -233,7 +266,9 @@ class EvolutionService(pb_grpc.EvolutionServicer):
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.StatusResponse:
-        status = with_worker_status(status_response(self._status()), self._fleet.worker_stats())
+        figures = self._status()
+        status = with_worker_status(status_response(figures), self._fleet.worker_stats())
+        with_study(status, figures)
         status.workers_tracked = self._fleet.workers_tracked()
         refusals = self._fleet.refusals()
         for worker in status.worker_status if refusals else ():
@@ -312,6 +347,30 @@ def status_response(snapshot: StatusFigures) -> pb.StatusResponse:
     if snapshot.elite_seeds:  # no elite: the field stays unset, as before the first one
         response.elite.seeds.extend(snapshot.elite_seeds)
     return response
+
+
+def with_study(status: pb.StatusResponse, figures: StatusFigures) -> pb.StatusResponse:
+    """Adds a study's runs and the fleet's utilisation, where `figures` has them (StudyFigures)."""
+    runs = getattr(figures, "runs", None)
+    add = status.runs.add
+    for run in runs() if callable(runs) else ():
+        snapshot = run.snapshot
+        add(
+            name=run.name,
+            env_id=run.env_id,
+            seed=run.seed,
+            label=run.label,
+            state=run.state,
+            generation=0 if snapshot is None else snapshot.generation,
+            frames=0 if snapshot is None else snapshot.frames,
+            elite_score=math.nan if snapshot is None else snapshot.elite_score,
+            error=run.error[:MAX_ERROR_CHARS],
+        )
+    utilisation = getattr(figures, "utilisation", None)
+    busy = utilisation() if callable(utilisation) else None
+    if busy is not None and math.isfinite(busy):  # unknown: the field stays unset
+        status.utilisation = busy
+    return status
 
 
 def with_worker_status(

@@ -1,4 +1,4 @@
-"""neuro-master status: where a running master's run stands, asked over its Status RPC."""
+"""neuro-master status: where a running master's run or study stands, asked over Status."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import math
 import os
 import re
 import sys
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="neuro-master status",
         description="Show where a running neuro master's run stands: progress, leases and "
-        "a table of its workers.",
+        "a table of its workers; for a study, also how busy the fleet is and a line per run "
+        "(env, seed, state, generation, frames, elite).",
     )
     p.add_argument(
         "--master",
@@ -134,18 +137,24 @@ def _explained(
 
 
 def status_json(status: pb.StatusResponse) -> dict[str, Any]:
-    """The answer as plain JSON values: every scalar field, elite seeds, the worker table."""
+    """The answer as plain JSON values: every scalar field, elite seeds, the worker table and
+    a study's runs."""
     document = _scalars(status)
     document["elite_seeds"] = list(status.elite.seeds)
     document["worker_status"] = [_scalars(worker) for worker in status.worker_status]
+    document["runs"] = [_scalars(run) for run in status.runs]
     return document
 
 
 def _scalars(message: Any) -> dict[str, Any]:
-    """Every non-message, non-repeated field by name; NaN (no value yet) becomes None."""
+    """Every non-message, non-repeated field by name; NaN (no value yet) and an optional field
+    left unset (unknown) become None."""
     values = {}
     for field in message.DESCRIPTOR.fields:
         if field.type == FieldDescriptor.TYPE_MESSAGE or field.is_repeated:
+            continue
+        if field.has_presence and not message.HasField(field.name):
+            values[field.name] = None
             continue
         value = getattr(message, field.name)
         values[field.name] = None if isinstance(value, float) and math.isnan(value) else value
@@ -178,11 +187,18 @@ def format_status(status: pb.StatusResponse) -> str:
         f"run complete  {'yes' if status.run_complete else 'no'}",
         f"workers       {status.workers} connected (called in the last minute)",
     ]
+    if status.HasField("utilisation"):
+        lines.append(f"busy          {status.utilisation:.0%} of the workers' time, lately")
+    if status.runs:
+        lines.append(f"runs          {_runs_by_state(status.runs)}")
     if len(status.worker_status) < status.workers_tracked:
         lines.append(
             f"worker table  the {len(status.worker_status)} most recently seen of "
             f"{status.workers_tracked} remembered"
         )
+    if status.runs:
+        lines.append("")
+        lines.extend(format_runs(status.runs))
     if status.worker_status:
         names = [printable(w.worker_id) for w in status.worker_status]
         width = max(6, *(len(name) for name in names))
@@ -202,6 +218,45 @@ def format_status(status: pb.StatusResponse) -> str:
                 f"{w.seconds_since_contact:>10.1f} s  {w.tasks_failed:>6,}{held_off}{refuses}"
             )
     return "\n".join(lines)
+
+
+def format_runs(runs: Sequence[pb.RunStatus]) -> list[str]:
+    """A study's runs for people: one line each, a failed run's error at its end."""
+    cells = [
+        (
+            printable(run.name),
+            printable(run.env_id),
+            str(run.seed),
+            printable(run.state),
+            f"{run.generation:,}",
+            f"{run.frames:,}",
+            "-" if math.isnan(run.elite_score) else f"{run.elite_score:.2f}",
+        )
+        for run in runs
+    ]
+    header = ("run", "env", "seed", "state", "generation", "frames", "elite")
+    widths = [max(len(row[i]) for row in (header, *cells)) for i in range(len(header))]
+    left = (True, True, False, True, False, False, False)
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(
+            cell.ljust(width) if flush_left else cell.rjust(width)
+            for cell, width, flush_left in zip(row, widths, left, strict=True)
+        )
+
+    lines = [line(header)]
+    for row, run in zip(cells, runs, strict=True):
+        lines.append(line(row) + (f"  {printable(run.error)}" if run.error else ""))
+    return lines
+
+
+def _runs_by_state(runs: Sequence[pb.RunStatus]) -> str:
+    """ "65: 13 running, 20 complete, 32 queued": the runs counted by state, in a fixed order."""
+    counts = Counter(run.state for run in runs)
+    order = ("running", "queued", "complete", "failed")
+    ranked = sorted(counts, key=lambda s: (order.index(s) if s in order else len(order), s))
+    by_state = ", ".join(f"{counts[state]} {printable(state)}" for state in ranked)
+    return f"{len(runs)}: {by_state}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -285,7 +285,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("run_id", "env_id", "generation", "phase", "frames", "evaluations", "elite_score", "elite", "tasks_pending", "tasks_leased", "tasks_done", "workers", "leases_reissued", "run_complete", "worker_status", "workers_tracked")
+    __slots__ = ("run_id", "env_id", "generation", "phase", "frames", "evaluations", "elite_score", "elite", "tasks_pending", "tasks_leased", "tasks_done", "workers", "leases_reissued", "run_complete", "worker_status", "workers_tracked", "runs", "utilisation")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +302,8 @@ class StatusResponse(_message.Message):
     RUN_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     WORKER_STATUS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_TRACKED_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    UTILISATION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     env_id: str
     generation: int
@@ -318,7 +320,31 @@ class StatusResponse(_message.Message):
     run_complete: bool
     worker_status: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     workers_tracked: int
-    def __init__(self, run_id: _Optional[str] = ..., env_id: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., frames: _Optional[int] = ..., evaluations: _Optional[int] = ..., elite_score: _Optional[float] = ..., elite: _Optional[_Union[Genome, _Mapping]] = ..., tasks_pending: _Optional[int] = ..., tasks_leased: _Optional[int] = ..., tasks_done: _Optional[int] = ..., workers: _Optional[int] = ..., leases_reissued: _Optional[int] = ..., run_complete: _Optional[bool] = ..., worker_status: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., workers_tracked: _Optional[int] = ...) -> None: ...
+    runs: _containers.RepeatedCompositeFieldContainer[RunStatus]
+    utilisation: float
+    def __init__(self, run_id: _Optional[str] = ..., env_id: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., frames: _Optional[int] = ..., evaluations: _Optional[int] = ..., elite_score: _Optional[float] = ..., elite: _Optional[_Union[Genome, _Mapping]] = ..., tasks_pending: _Optional[int] = ..., tasks_leased: _Optional[int] = ..., tasks_done: _Optional[int] = ..., workers: _Optional[int] = ..., leases_reissued: _Optional[int] = ..., run_complete: _Optional[bool] = ..., worker_status: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., workers_tracked: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[RunStatus, _Mapping]]] = ..., utilisation: _Optional[float] = ...) -> None: ...
+
+class RunStatus(_message.Message):
+    __slots__ = ("name", "env_id", "seed", "label", "state", "generation", "frames", "elite_score", "error")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ENV_ID_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    ELITE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    env_id: str
+    seed: int
+    label: str
+    state: str
+    generation: int
+    frames: int
+    elite_score: float
+    error: str
+    def __init__(self, name: _Optional[str] = ..., env_id: _Optional[str] = ..., seed: _Optional[int] = ..., label: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., frames: _Optional[int] = ..., elite_score: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
     __slots__ = ("worker_id", "tasks_leased", "evaluations", "frames", "frames_per_second", "seconds_since_contact", "tasks_failed", "held_off_seconds", "refusal")
