@@ -1,11 +1,17 @@
-"""Prometheus /metrics for a running master: the run's snapshot, read at scrape time."""
+"""Prometheus /metrics for a running master: the run's snapshot, read at scrape time.
+
+A master serving a study adds a series per run, labelled run="<name>" (neuro_study_run_*), the
+runs counted by state and the fleet's utilisation, beside the fleet-wide figures; a single
+run's metrics are the same names as ever, without them.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
-from collections.abc import Callable, Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple, Protocol, TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -16,7 +22,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from master.observe.events import RunSnapshot
+from master.observe.events import RUN_STATES, RunSnapshot, RunView, StudyView
 
 SCRAPE_TIMEOUT_S = 5.0
 """How long a scrape waits for the event loop; a loop stuck longer fails the scrape."""
@@ -32,9 +38,19 @@ class Snapshots(Protocol):
         ...
 
 
+class StudyReading(NamedTuple):
+    """A study's runs and the fleet's utilisation, read together at one scrape."""
+
+    runs: tuple[RunView, ...]
+    utilisation: float | None
+
+
+Read = TypeVar("Read")
+
+
 def snapshot_on_loop(
-    loop: asyncio.AbstractEventLoop, read: Callable[[], RunSnapshot]
-) -> Callable[[], RunSnapshot]:
+    loop: asyncio.AbstractEventLoop, read: Callable[[], Read]
+) -> Callable[[], Read]:
     """A reader for other threads that runs `read` on `loop` and waits for it.
 
     The fleet and trainer are only ever changed on the loop, and reading them from another
@@ -44,10 +60,10 @@ def snapshot_on_loop(
     as failed scrapes rather than as figures that look fine but no longer move.
     """
 
-    async def on_loop() -> RunSnapshot:
+    async def on_loop() -> Read:
         return read()
 
-    def read_from_thread() -> RunSnapshot:
+    def read_from_thread() -> Read:
         future = asyncio.run_coroutine_threadsafe(on_loop(), loop)
         try:
             return future.result(SCRAPE_TIMEOUT_S)
@@ -61,10 +77,16 @@ def snapshot_on_loop(
 
 
 class StatusCollector:
-    """Turns each scrape's RunSnapshot (worker table included) into metric families neuro_*."""
+    """Turns each scrape's RunSnapshot (worker table included) into metric families neuro_*,
+    and a study's runs, where there is one, into neuro_study_* and neuro_fleet_utilisation."""
 
-    def __init__(self, snapshot: Callable[[], RunSnapshot]) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], RunSnapshot],
+        study: Callable[[], StudyReading] | None = None,
+    ) -> None:
         self._snapshot = snapshot
+        self._study = study
 
     def describe(self) -> list[Metric]:
         # Nothing up front: the registry would otherwise call collect() while registering,
@@ -121,6 +143,60 @@ class StatusCollector:
             for worker in s.worker_status:
                 family.add_metric([worker.worker_id], getattr(worker, field))
             yield family
+        if self._study is not None:
+            yield from study_families(*self._study())
+
+
+def study_families(runs: Sequence[RunView], utilisation: float | None) -> Iterator[Metric]:
+    """A study's metric families: the fleet's utilisation, the runs by state, a series per run.
+
+    Only runs that started in this master process have figures (a snapshot); every run has
+    its info and its state. A study has at most 1,000 runs, which bounds the label values.
+    """
+    yield _gauge(
+        "neuro_fleet_utilisation",
+        "The fleet's busy fraction over a recent window: worker-seconds on tasks over workers "
+        "x wall time (NaN when unknown).",
+        math.nan if utilisation is None else utilisation,
+    )
+    counts = GaugeMetricFamily("neuro_study_runs", "The study's runs in each state.",
+                               labels=["state"])  # fmt: skip
+    for state in RUN_STATES:
+        counts.add_metric([state], sum(run.state == state for run in runs))
+    yield counts
+    info = InfoMetricFamily("neuro_study_run", "A run of the study.",
+                            labels=["run", "env", "seed", "label"])  # fmt: skip
+    states = GaugeMetricFamily("neuro_study_run_state", "1 for the state the run is in, else 0.",
+                               labels=["run", "state"])  # fmt: skip
+    for run in runs:
+        info.add_metric([run.name, run.env_id, str(run.seed), run.label], {})
+        for state in RUN_STATES:
+            states.add_metric([run.name, state], int(run.state == state))
+    yield info
+    yield states
+    served = [(run.name, run.snapshot) for run in runs if run.snapshot is not None]
+    per_run = (
+        ("generation", "Generations completed.", lambda s: s.generation),
+        ("elite_score", "The elite's mean over its re-evaluation episodes (NaN before the "
+         "first).", lambda s: s.elite_score),
+    )  # fmt: skip
+    for field, documentation, value in per_run:
+        family = GaugeMetricFamily(f"neuro_study_run_{field}", documentation, labels=["run"])
+        for name, snapshot in served:
+            family.add_metric([name], value(snapshot))
+        yield family
+    frames = CounterMetricFamily("neuro_study_run_frames", "Emulator frames of the run's "
+                                 "recorded evaluations.", labels=["run"])  # fmt: skip
+    for name, snapshot in served:
+        frames.add_metric([name], snapshot.frames)
+    yield frames
+    mean = GaugeMetricFamily("neuro_study_run_score_mean",
+                             "Mean training score of the run's last generation.",
+                             labels=["run"])  # fmt: skip
+    for name, snapshot in served:
+        if snapshot.last_record is not None:
+            mean.add_metric([name], snapshot.last_record.score_mean)
+    yield mean
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
@@ -152,16 +228,23 @@ class MetricsServer:
         await asyncio.to_thread(stop)
 
 
-def start_metrics_server(trainer: Snapshots, host: str, port: int) -> MetricsServer:
+def start_metrics_server(
+    trainer: Snapshots, host: str, port: int, study: StudyView | None = None
+) -> MetricsServer:
     """Serves the trainer's figures on http://host:port/metrics; call it on the trainer's loop.
 
-    OSError, naming the address, if it cannot listen there. Port 0 picks a free one.
+    `study`: a study's runs, served beside them. OSError, naming the address, if it cannot
+    listen there. Port 0 picks a free one.
     """
-    read = snapshot_on_loop(asyncio.get_running_loop(), lambda: trainer.snapshot(workers=True))
+    loop = asyncio.get_running_loop()
+    read = snapshot_on_loop(loop, lambda: trainer.snapshot(workers=True))
+    read_study = None
+    if study is not None:
+        read_study = snapshot_on_loop(loop, lambda: StudyReading(study.runs(), study.utilisation()))
     # A registry of its own: several masters (tests) can serve side by side, and the
     # process-wide default metrics (GC, process) stay out of the run's figures.
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatusCollector(read))
+    registry.register(StatusCollector(read, read_study))
     try:
         server, thread = start_http_server(port, addr=host, registry=registry)
     except OSError as error:

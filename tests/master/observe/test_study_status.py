@@ -1,26 +1,30 @@
-"""A study's runs in the Status answer and neuro-master status, from a real grpc.aio master on
-loopback whose figures come from a stand-in study (the master's study serving provides them)."""
+"""A study's runs in the Status answer, neuro-master status and /metrics: a real grpc.aio
+master and a real metrics server on loopback, whose figures come from a stand-in study."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import json
 import math
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from master.fleet.fleet import Fleet
 from master.fleet.phases import FleetSettings
 from master.fleet.service import EvolutionService, add_to_server
 from master.fleet.tasks import task_template
 from master.observe import status as status_cli
-from master.observe.events import RunSnapshot, RunView
+from master.observe.events import GenerationRecord, RunSnapshot, RunView
+from master.observe.prometheus import start_metrics_server
 from neuro.wire import MAX_ERROR_CHARS
 from tests.support.tiny import tiny_cartpole
 
@@ -163,3 +167,103 @@ def test_a_single_runs_answer_lists_no_runs_and_reads_as_before() -> None:
     code, human = status_of(lambda: run)
     assert human.splitlines()[0] == "run           cartpole-run"
     assert "busy" not in human and "runs " not in human and "\n\n" not in human
+
+
+# -- Prometheus -------------------------------------------------------------------------------
+
+
+class StandInTrainer:
+    """A Snapshots: the fleet-wide figures of the master."""
+
+    def __init__(self, figures: RunSnapshot) -> None:
+        self.figures = figures
+
+    def snapshot(self, workers: bool = False) -> RunSnapshot:
+        return self.figures
+
+
+class StandInView:
+    """A StudyView whose runs the test sets."""
+
+    def __init__(self, runs: tuple[RunView, ...], busy: float | None) -> None:
+        self.views, self.busy = runs, busy
+
+    def runs(self) -> tuple[RunView, ...]:
+        return self.views
+
+    def utilisation(self) -> float | None:
+        return self.busy
+
+
+def scrape(trainer: StandInTrainer, study: StandInView | None) -> dict[str, dict[tuple, float]]:
+    """/metrics of a real metrics server, fetched over loopback as Prometheus would."""
+
+    async def scenario() -> str:
+        server = start_metrics_server(trainer, "127.0.0.1", 0, study=study)
+        try:
+            return await asyncio.to_thread(_get, server.url)
+        finally:
+            await server.close()
+
+    return parse_labelled(asyncio.run(scenario()))
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        return response.read().decode()
+
+
+def parse_labelled(text: str) -> dict[str, dict[tuple, float]]:
+    """sample name -> {((label, value), ...): value}, read by Prometheus's own parser."""
+    parsed: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            parsed.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return parsed
+
+
+def test_metrics_label_each_run_of_a_study() -> None:
+    last = GenerationRecord(generation=6, frames=2_500_000, evaluations=9000, wall_s=60.0,
+                            score_mean=133.25, score_max=300.0, elite_score=228.5,
+                            elite_seeds=[1], generation_evaluations=60, generation_frames=1000,
+                            failed_evaluations=0, leases_reissued=0)  # fmt: skip
+    runs = list(RUNS)
+    runs[1] = dataclasses.replace(
+        RUNS[1], snapshot=dataclasses.replace(RUNS[1].snapshot, last_record=last)
+    )
+    samples = scrape(StandInTrainer(snapshot(workers=3)), StandInView(tuple(runs), 0.874))
+    # The fleet-wide names are there as for a single run, unlabelled.
+    assert samples["neuro_workers_connected"] == {(): 3.0}
+    assert samples["neuro_fleet_utilisation"] == {(): pytest.approx(0.874)}
+    assert samples["neuro_study_runs"] == {
+        (("state", "queued"),): 1.0, (("state", "running"),): 1.0,
+        (("state", "complete"),): 1.0, (("state", "failed"),): 1.0,
+    }  # fmt: skip
+    info = samples["neuro_study_run_info"]
+    assert info[(("env", "Frostbite-v4"), ("label", "t10"), ("run", "frostbite-v4-t10-s2"),
+                 ("seed", str(2**63 - 1)))] == 1.0  # fmt: skip
+    assert len(info) == 4
+    states = samples["neuro_study_run_state"]
+    assert len(states) == 4 * 4
+    for run in runs:
+        for state in ("queued", "running", "complete", "failed"):
+            assert states[(("run", run.name), ("state", state))] == float(run.state == state)
+    # Figures for the runs this master served (a snapshot); none for the others.
+    assert samples["neuro_study_run_generation"] == {
+        (("run", "cartpole-v1-s0"),): 15.0, (("run", "frostbite-v4-t10-s1"),): 7.0,
+    }  # fmt: skip
+    assert samples["neuro_study_run_frames_total"] == {
+        (("run", "cartpole-v1-s0"),): 120_000.0, (("run", "frostbite-v4-t10-s1"),): 2_500_000.0,
+    }  # fmt: skip
+    assert samples["neuro_study_run_elite_score"][(("run", "frostbite-v4-t10-s1"),)] == 228.5
+    assert samples["neuro_study_run_score_mean"] == {(("run", "frostbite-v4-t10-s1"),): 133.25}
+    unknown = scrape(StandInTrainer(snapshot()), StandInView(tuple(runs[2:]), None))
+    assert math.isnan(unknown["neuro_fleet_utilisation"][()])
+    assert "neuro_study_run_generation" not in unknown  # no run has figures: no samples
+
+
+def test_a_single_runs_metrics_have_no_study_series() -> None:
+    samples = scrape(StandInTrainer(snapshot("cartpole-run", 2, 4000, 120.0)), None)
+    assert samples["neuro_generation"] == {(): 2.0} and samples["neuro_elite_score"] == {(): 120.0}
+    assert not [name for name in samples if "study" in name or "utilisation" in name]
