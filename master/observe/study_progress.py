@@ -119,15 +119,16 @@ def table_lines(rows: Sequence[Row], fleet: str, height: int, width: int) -> lis
     names = max((len(r.name) for r in shown), default=3)
     envs = max((len(r.env_id) for r in shown), default=3)
     name_w, env_w = min(max(names, 3), NAME_WIDTH), min(max(envs, 3), ENV_WIDTH)
+    seed_w = max([4, *(len(str(r.seed)) for r in shown)])
     header = (
-        f"{'run':<{name_w}}  {'env':<{env_w}}  {'seed':>4}  {'gen':>5}  {'frames':>6}  "
+        f"{'run':<{name_w}}  {'env':<{env_w}}  {'seed':>{seed_w}}  {'gen':>5}  {'frames':>6}  "
         f"{'elite':>8}  {'ETA':>6}  state"
     )
     lines = [header]
     for r in shown:
         lines.append(
             f"{_cut(r.name, name_w):<{name_w}}  {_cut(r.env_id, env_w):<{env_w}}  "
-            f"{r.seed:>4}  {_or_dash(r.generation):>5}  {format_si(r.frames):>6}  "
+            f"{r.seed:>{seed_w}}  {_or_dash(r.generation):>5}  {format_si(r.frames):>6}  "
             f"{_score(r.elite_score):>8}  {format_duration(r.eta_s):>6}  {r.state}"
         )
     left_out = [r for r in rows if r not in shown]
