@@ -454,7 +454,7 @@ def test_a_ready_study_is_named_in_the_masters_configmap(
     done = _dry_run(env, tmp_path)
     if study == "paper":
         assert done.returncode == 0, done.stderr
-        assert "study paper: 65 runs, at most 13 at once, study dir " in done.stdout
+        assert "study paper: 65 runs, at most 65 at once, study dir " in done.stdout
         assert f"study dir {tmp_path / env['NEURO_STUDY_DIR'].lstrip('/')}\n" in done.stdout
     else:
         assert done.returncode == 2, done.stdout

@@ -139,7 +139,7 @@ def test_the_command_lists_the_paper_study(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "study paper: 65 runs, at most 13 at once, study dir studies/paper"
+    assert lines[0] == "study paper: 65 runs, at most 65 at once, study dir studies/paper"
     assert lines[2].split() == ["amidar-v4-s0", "Amidar-v4", "0", "1,000,000,000", "frames",
                                 "30", "ep", "queued"]  # fmt: skip
     assert len(lines) == 2 + 65
