@@ -99,6 +99,10 @@ class _Record:
     loss_unspent: bool = False
     """Its holder's presence ended and no attempt was spent for it: one is if the task is leased
     again before that holder takes it back."""
+    since: float = 0.0
+    """When its lease's holder was granted it (a heartbeat keeps it): the lease's age bounds
+    the time a worker may say it spent on the task."""
+    backup_since: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -145,18 +149,14 @@ class LeaseTable:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self.lease_seconds = lease_seconds
         self.max_attempts = max_attempts
-        self._records = {t.task_id: _Record(t) for t in tasks}
-        if len(self._records) != len(tasks):
-            raise ValueError("task ids within a phase must be unique")
+        self._records: dict[str, _Record] = {}
         # Pending tasks, front first. Removal only clears the record's ticket and the entry is
         # skipped when it reaches the front, so taking a task out of the middle costs O(1).
         # A re-queued task gets a new entry ahead of its dead one.
         self._tickets = itertools.count(1)
         self._pending: deque[tuple[str, int]] = deque()
-        for record in self._records.values():
-            record.queued = ticket = next(self._tickets)
-            self._pending.append((record.task.task_id, ticket))
-        self._pending_count = len(self._pending)
+        self._pending_count = 0
+        self.add(tasks)
         self._leased: set[str] = set()
         self._held: dict[str, set[str]] = {}
         """The tasks each worker holding any holds a lease (or a backup lease) on."""
@@ -177,6 +177,34 @@ class LeaseTable:
 
     def __contains__(self, task_id: str) -> bool:
         return task_id in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def add(self, tasks: Sequence[PhaseTask]) -> None:
+        """Appends tasks to the phase, pending behind those queued: a table of tasks played
+        ahead becomes the next phase's once that phase's other tasks join it. ValueError,
+        adding none, if an id is already in the table or repeats."""
+        ids = {task.task_id for task in tasks}
+        if len(ids) != len(tasks) or not ids.isdisjoint(self._records):
+            raise ValueError("task ids within a phase must be unique")
+        for task in tasks:
+            self._records[task.task_id] = record = _Record(task)
+            record.queued = ticket = next(self._tickets)
+            self._pending.append((task.task_id, ticket))
+        self._pending_count += len(tasks)
+
+    def lease_age(self, task_id: str, worker_id: str, now: float) -> float | None:
+        """Seconds since this worker was granted the task it holds (its lease or backup copy);
+        None if it holds neither now."""
+        record = self._records.get(task_id)
+        if record is None:
+            return None
+        if record.lease is not None and record.lease.worker_id == worker_id:
+            return max(0.0, now - record.since)
+        if record.backup is not None and record.backup.worker_id == worker_id:
+            return max(0.0, now - record.backup_since)
+        return None
 
     def __repr__(self) -> str:
         c = self.counters
@@ -549,10 +577,14 @@ class LeaseTable:
             task_id = record.task.task_id
             held.add(task_id)
             if backup:
+                if record.backup is None or record.backup.worker_id != worker_id:
+                    record.backup_since = now
                 record.backup = lease
                 continue
             if record.lease is None and record.backup is None:
                 self._unbacked[task_id] = None  # a candidate for a backup, newest last
+            if record.lease is None or record.lease.worker_id != worker_id:
+                record.since = now
             record.lease = lease
             record.lapsed_from, record.loss_unspent = None, False
         task_ids = tuple(record.task.task_id for record in records)
@@ -588,6 +620,7 @@ class LeaseTable:
         """The backup copy becomes the task's lease (its first holder is gone or failed)."""
         lease, record.backup = record.backup, None
         record.lease = lease
+        record.since = record.backup_since
         self._leased.add(record.task.task_id)
         # It may be backed up again (its new holder may die too); an old task, so it goes first.
         self._unbacked[record.task.task_id] = None

@@ -1,9 +1,17 @@
 """One run's evaluation phases, one at a time: the seam between the algorithm and the leases.
 
 A phase is the algorithm's requests split into tasks (an env seed each, fixed by the run seed);
-the PhaseLoop hands them out through a master.fleet.leases.LeaseTable and gathers the results,
+the PhaseLoop puts them in a master.fleet.leases.LeaseTable and gathers the results,
 behaviours and observation sums until every task is recorded. Who the workers are is
-master.fleet.roster's; the calls they make are answered by master.fleet.fleet.
+master.fleet.roster's; the calls they make are answered by master.fleet.fleet, which leases
+the loop's tables (the running phase's, then the next phase's tasks played ahead) through
+master.fleet.shares.
+
+Tasks played ahead (master.algorithms.base.Algorithm.ask_ahead) wait in a table of their own,
+leased only when the running phase has nothing pending; when the next phase asks for them,
+that table becomes the next phase's, its results and leases kept, with the phase's other
+tasks added. Task ids are the same either way, so are the env seeds: a run plays the same
+episodes with the overlap or without it.
 """
 
 from __future__ import annotations
@@ -105,6 +113,8 @@ class TaskOutcome(NamedTuple):
     behaviours: np.ndarray | None = None
     """(episodes, behaviour_size) float32, when the run asks for behaviours."""
     observations: ObservationStats | None = None
+    busy_s: float = 0.0
+    """Seconds the worker says it spent on the task (bounded here by its lease's age)."""
 
 
 class RunRefused(RuntimeError):
@@ -146,8 +156,11 @@ def split_into_tasks(
 class PhaseLoop:
     """Runs one run's phases, one at a time, and keeps the roster's leases held up to date.
 
-    evaluate() is awaited by the training loop; the other methods act on the running phase and
-    never block. Time comes from `clock` so tests can drive lease expiry.
+    evaluate() is awaited by the training loop; the other methods act on the running phase (and
+    the tasks played ahead) and never block. Time comes from `clock` so tests can drive lease
+    expiry. `wire_prefix` goes before each task id the roster holds (the ids workers see: a
+    fleet serving several runs tells their tasks apart by it); `on_tables` hears the loop's
+    tables whenever they change, highest priority first.
     """
 
     def __init__(
@@ -155,11 +168,21 @@ class PhaseLoop:
         settings: FleetSettings,
         roster: WorkerRoster,
         clock: Callable[[], float] = time.monotonic,
+        wire_prefix: str = "",
+        on_tables: Callable[[tuple[LeaseTable, ...]], None] | None = None,
     ) -> None:
         self.settings = settings
         self._roster = roster
         self._clock = clock
+        self._prefix = wire_prefix
+        self._on_tables = on_tables
         self._table: LeaseTable | None = None
+        self._ahead: LeaseTable | None = None
+        """The next phase's tasks played ahead of it, while this phase runs and after."""
+        self._ahead_observations: ObservationStats | None = None
+        self.worker_s = 0.0
+        """Seconds workers spent on this run's accepted results (each bounded by its lease's
+        age), in this process."""
         self._interrupted: dict[str, tuple[tuple[float, ...], int]] = {}
         self._interrupted_extras: dict[str, TaskExtras] = {}
         self._observations: ObservationStats | None = None
@@ -182,27 +205,36 @@ class PhaseLoop:
         """The running phase's lease table; None between phases."""
         return self._table
 
+    @property
+    def tables(self) -> tuple[LeaseTable, ...]:
+        """The tables workers are leased from, highest priority first: the running phase's,
+        then the next phase's tasks played ahead."""
+        return tuple(t for t in (self._table, self._ahead) if t is not None)
+
     async def evaluate(
         self,
         requests: Sequence[EvaluationRequest],
         recorded: Mapping[str, tuple[Sequence[float], int]] | None = None,
         recorded_extras: Mapping[str, TaskExtras] | None = None,
+        ahead: Sequence[EvaluationRequest] = (),
     ) -> PhaseOutcome:
         """Hands the requests out as tasks and waits until every one is recorded.
 
         `recorded` holds tasks of this phase already done before a restart (from a
         checkpoint), with what else they carried in `recorded_extras`; they are not handed
-        out again.
+        out again. `ahead`: requests of the next phase, played at lower priority meanwhile
+        (Algorithm.ask_ahead); the next evaluate() that asks for them takes what they did.
         """
         if self._table is not None:
             raise RuntimeError("a phase is already running")
         if self._refused is not None:
             raise self._refused
         tasks = split_into_tasks(requests, self.settings)
-        table = LeaseTable(tasks, self.settings.lease_seconds, self.settings.max_attempts,
-                           backups=self.settings.backups)  # fmt: skip
+        table = self._adopted(tasks)
+        if table is None:
+            table = self._new_table(tasks)
+            self._observations = None
         extras = recorded_extras or {}
-        self._observations = None
         for task_id, (returns, frames) in (recorded or {}).items():
             if task_id in table:
                 extra = extras.get(task_id)
@@ -211,6 +243,11 @@ class PhaseLoop:
                     self._observations = _plus(self._observations, extra.observations)
         self._phase_done.clear()
         self._table = table
+        if ahead:
+            self._ahead = self._new_table(split_into_tasks(ahead, self.settings))
+            self._ahead_observations = None
+        self._tables_changed()
+        self._wake_if_complete()
         try:
             while not table.complete:
                 if self._refused is not None:
@@ -226,7 +263,10 @@ class PhaseLoop:
                     self.expire()
         finally:
             self._table = None
-            self._roster.phase_ended()
+            if not table.complete:
+                self._ahead = None  # stopped mid-phase: the run plays nothing ahead now
+            self._tables_changed()
+            self._roster.phase_ended(self._prefix)
             self._reissued_total += table.reissued
             # Cancelled mid-phase (shutdown): what was recorded still goes into the checkpoint.
             self._interrupted = {} if table.complete else table.done()
@@ -244,6 +284,47 @@ class PhaseLoop:
             backup_tasks=tail.backups, backup_wins=tail.backups_won,
             workers_lost=tail.workers_lost,
         )  # fmt: skip
+
+    def drop_ahead(self) -> None:
+        """Stops playing the next phase's tasks ahead (the run ends, or will not play them)."""
+        if self._ahead is not None:
+            self._ahead = None
+            self._tables_changed()
+
+    def _new_table(self, tasks: Sequence[PhaseTask]) -> LeaseTable:
+        return LeaseTable(tasks, self.settings.lease_seconds, self.settings.max_attempts,
+                          backups=self.settings.backups)  # fmt: skip
+
+    def _adopted(self, tasks: Sequence[PhaseTask]) -> LeaseTable | None:
+        """The table of tasks played ahead, with the phase's other tasks added, if it holds
+        tasks of this phase only, each exactly as the phase has it (the algorithm's contract:
+        ask() holds every ask_ahead() request unchanged); None otherwise."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        phase = {task.task_id: task for task in tasks}
+        played = ahead.tasks()
+        keys = {task.request_key for task in played}
+        rest = [task for task in tasks if task.task_id not in ahead]
+        if any(phase.get(t.task_id) != t for t in played) or any(
+            t.request_key in keys for t in rest
+        ):
+            log.warning("the tasks played ahead are not this phase's: played again")
+            return None
+        ahead.add(rest)
+        self._observations = self._ahead_observations
+        return ahead
+
+    def _tables_changed(self) -> None:
+        if self._on_tables is not None:
+            self._on_tables(self.tables)
+
+    def _table_of(self, task_id: str) -> LeaseTable | None:
+        """The table holding this task (the running phase's, or the tasks played ahead)."""
+        for table in (self._table, self._ahead):
+            if table is not None and task_id in table:
+                return table
+        return None
 
     def _extras_of(
         self, table: LeaseTable
@@ -268,53 +349,48 @@ class PhaseLoop:
             rows.setdefault(task.request_key, []).append(block)
         return {key: np.concatenate(blocks) for key, blocks in rows.items()}, observations
 
-    def lease(
-        self,
-        worker_id: str,
-        max_tasks: int,
-        now: float,
-        fleet_slots: int,
-        workers: Collection[str] = (),
-    ) -> list[PhaseTask]:
-        """Up to max_tasks of the running phase's tasks for this worker (see LeaseTable.lease;
-        `workers`: those the fleet could lease to)."""
-        assert self._table is not None, "a lease is asked of a running phase only"
-        granted = self._table.lease(worker_id, max_tasks, now, fleet_slots, workers=workers)
-        self._roster.holding(worker_id, (task.task_id for task in granted))
-        return granted
+    def granted(self, worker_id: str, tasks: Iterable[PhaseTask]) -> None:
+        """These tasks of the loop's tables were leased to this worker (master.fleet.shares)."""
+        prefix = self._prefix
+        self._roster.holding(worker_id, (prefix + task.task_id for task in tasks))
 
     def check(self, outcomes: Sequence[TaskOutcome]) -> None:
-        """Raises ValueError, having recorded nothing, if a result of this phase carries a number
-        of episode returns other than its task's, or sums that would spoil the phase's."""
-        table = self._table
-        if table is None:
-            return
-        trial = self._observations
-        for task_id, returns, _, error, _, sums in outcomes:
+        """Raises ValueError, having recorded nothing, if a result of this phase (or of the tasks
+        played ahead) carries a number of episode returns other than its task's, or sums that
+        would spoil the phase's."""
+        trials = {id(self._table): self._observations, id(self._ahead): self._ahead_observations}
+        for outcome in outcomes:
+            task_id, returns, error = outcome.task_id, outcome.returns, outcome.error
+            table = self._table_of(task_id)
+            if error or table is None:
+                continue
             expected = table.episodes_of(task_id)
-            if not error and expected is not None and expected != len(returns):
+            if expected != len(returns):
                 raise ValueError(
                     f"task {task_id[:80]}: {len(returns)} episode_returns, "
                     f"the task has {expected} episodes"
                 )
-            if not error and expected is not None:
-                try:
-                    trial = _plus(trial, sums)
-                except ValueError as problem:
-                    raise ValueError(
-                        f"task {task_id[:80]}: its observation sums and the phase's do not add "
-                        f"up to usable ones ({problem})"
-                    ) from None
+            try:
+                trials[id(table)] = _plus(trials[id(table)], outcome.observations)
+            except ValueError as problem:
+                raise ValueError(
+                    f"task {task_id[:80]}: its observation sums and the phase's do not add "
+                    f"up to usable ones ({problem})"
+                ) from None
 
     def record(self, worker_id: str, outcomes: Sequence[TaskOutcome]) -> list[Disposition]:
         """Records a batch of checked results and failures; one disposition per outcome."""
-        table = self._table
-        if table is None:
-            return [self._unknown(outcome.task_id) for outcome in outcomes]
         dispositions = []
         episodes_accepted = frames_accepted = 0
+        busy_accepted = 0.0
+        now = self._clock()
+        prefix = self._prefix
         try:
-            for task_id, returns, frames, error, behaviours, observations in outcomes:
+            for task_id, returns, frames, error, behaviours, observations, busy in outcomes:
+                table = self._table_of(task_id)
+                if table is None:
+                    dispositions.append(self._unknown(task_id))
+                    continue
                 if error:
                     disposition = table.fail_task(task_id, error, worker_id)
                     if disposition is Disposition.ACCEPTED:
@@ -324,47 +400,65 @@ class PhaseLoop:
                     extras = None
                     if behaviours is not None or observations is not None:
                         extras = TaskExtras(behaviours, observations)
+                    # The lease's age before the result ends it: what the worker may have spent.
+                    age = table.lease_age(task_id, worker_id, now) or 0.0
                     disposition = table.complete_task(task_id, returns, frames, worker_id, extras)
                     if disposition is Disposition.ACCEPTED:
                         episodes_accepted += len(returns)
                         frames_accepted += frames
-                        self._observations = _plus(self._observations, observations)
+                        # NaN and negative are no time; more than the lease's age is not ours.
+                        busy_accepted += min(busy, age) if busy > 0 else 0.0
+                        if table is self._table:
+                            self._observations = _plus(self._observations, observations)
+                        else:
+                            self._ahead_observations = _plus(self._ahead_observations, observations)
                 if disposition is Disposition.STALE:
                     disposition = self._unknown(task_id)
                 dispositions.append(disposition)
         finally:
             self.frames_accepted += frames_accepted
-            self._roster.not_holding(worker_id, (outcome.task_id for outcome in outcomes))
+            self.worker_s += busy_accepted
+            self._roster.not_holding(worker_id, (prefix + o.task_id for o in outcomes))
             if episodes_accepted:
-                self._roster.credit(worker_id, episodes_accepted, frames_accepted, self._clock())
+                self._roster.credit(worker_id, episodes_accepted, frames_accepted, self._clock(),
+                                    busy_accepted)  # fmt: skip
             self._wake_if_complete()
         return dispositions
 
     def heartbeat(self, worker_id: str, task_ids: Iterable[str]) -> list[str]:
-        """Extends this worker's leases; the ids it should drop (all of them between phases)."""
-        if self._table is None:
-            return list(task_ids)
+        """Extends this worker's leases; the ids it should drop (done, not its own, or of no
+        table here), in the order asked."""
         task_ids = list(task_ids)
-        dropped = self._table.heartbeat(worker_id, task_ids, self._clock())
-        self._roster.not_holding(worker_id, dropped)
-        gone = set(dropped)
-        self._roster.holding(worker_id, (t for t in task_ids if t not in gone))
+        gone: set[str] = set()
+        by_table: dict[int, tuple[LeaseTable, list[str]]] = {}
+        for task_id in task_ids:
+            table = self._table_of(task_id)
+            if table is None:
+                gone.add(task_id)
+            else:
+                by_table.setdefault(id(table), (table, []))[1].append(task_id)
+        now, prefix = self._clock(), self._prefix
+        for table, ids in by_table.values():
+            lost = set(table.heartbeat(worker_id, ids, now))
+            self._roster.holding(worker_id, (prefix + t for t in ids if t not in lost))
+            gone |= lost
+        dropped = [task_id for task_id in task_ids if task_id in gone]
+        self._roster.not_holding(worker_id, (prefix + t for t in dropped))
         return dropped
 
     def release(self, worker_id: str, task_ids: Iterable[str]) -> int:
         """Hands this worker's unfinished tasks back; returns how many."""
-        if self._table is None:
-            return 0
         task_ids = list(task_ids)
-        self._roster.not_holding(worker_id, task_ids)
-        return self._table.release(worker_id, task_ids)
+        self._roster.not_holding(worker_id, (self._prefix + t for t in task_ids))
+        released = 0
+        for table in self.tables:
+            released += table.release(worker_id, [t for t in task_ids if t in table])
+        return released
 
     def worker_gone(self, worker_id: str) -> int:
         """A worker's connection closed: its leases end now, not when they lapse, and its tasks
         go to others. Returns how many it held."""
-        if self._table is None:
-            return 0
-        held = self._table.worker_gone(worker_id)
+        held = sum(table.worker_gone(worker_id) for table in self.tables)
         if held:
             log.info("worker %r is gone: its %d task(s) go to other workers", worker_id, held)
             self._roster.holds_nothing(worker_id)
@@ -415,14 +509,20 @@ class PhaseLoop:
         return worker_id in self._refusals
 
     def expire(self) -> None:
-        """Re-issues the running phase's lapsed leases now."""
-        if self._table is not None:
-            self._table.expire(self._clock())
-            self._wake_if_complete()
+        """Re-issues the lapsed leases of the running phase (and of the tasks played ahead)."""
+        now = self._clock()
+        for table in self.tables:
+            table.expire(now)
+        self._wake_if_complete()
 
     def holder(self, task_id: str) -> str | None:
-        """Who holds the lease of this task of the running phase, if anyone does."""
-        return self._table.holder(task_id) if self._table is not None else None
+        """Who holds the lease of this task (of the running phase, or played ahead), if anyone."""
+        table = self._table_of(task_id)
+        return table.holder(task_id) if table is not None else None
+
+    def leased_to(self, worker_id: str) -> list[str]:
+        """The tasks whose lease (not a backup copy) this worker holds, by task id."""
+        return sorted(t for table in self.tables for t in table.leased_to(worker_id))
 
     def recorded(self) -> dict[str, tuple[tuple[float, ...], int]]:
         """The current (or an interrupted) phase's recorded tasks; empty between phases."""

@@ -32,6 +32,11 @@ MAX_HOLD_OFF_S = 600.0
 """A held-off worker gets nothing for HOLD_OFF_S, doubled for each hold-off in a row up to
 MAX_HOLD_OFF_S; then it is given a task again, and one more failure holds it off again. An
 accepted result ends the streak."""
+UTILISATION_WINDOW_S = 60.0
+"""The fleet's utilisation is its workers' busy seconds over this window, divided by the
+workers connected times the window."""
+MIN_UTILISATION_SPAN_S = 5.0
+"""Less time than this since the first worker called: too little to say how busy they are."""
 
 
 @dataclass(frozen=True)
@@ -97,12 +102,18 @@ class WorkerRoster:
         self._workers: OrderedDict[str, _Worker] = OrderedDict()
         self._last_accepted = -float("inf")
         """When any worker last had a result accepted."""
+        self._first_seen: float | None = None
+        self._busy: deque[list[float]] = deque()
+        """[second, busy seconds] of accepted results, per whole second of the clock."""
+        self._window_busy = 0.0
 
     def __len__(self) -> int:
         return len(self._workers)
 
     def seen(self, worker_id: str, now: float) -> None:
         """Records a contact (any call) from this worker."""
+        if self._first_seen is None:
+            self._first_seen = now
         worker = self._workers.get(worker_id)
         if worker is None:
             self._workers[worker_id] = _Worker(now, now)
@@ -128,8 +139,13 @@ class WorkerRoster:
             count += not worker.told_complete
         return count
 
-    def credit(self, worker_id: str, episodes: int, frames: int, now: float) -> None:
-        """Adds an accepted result's episodes and frames to a worker seen at `now`."""
+    def credit(
+        self, worker_id: str, episodes: int, frames: int, now: float, busy_s: float = 0.0
+    ) -> None:
+        """Adds an accepted result's episodes and frames to a worker seen at `now`, and the
+        seconds it spent on them to the fleet's (utilisation)."""
+        if busy_s > 0:
+            self._add_busy(busy_s, now)
         worker = self._workers.get(worker_id)
         if worker is None:
             return
@@ -185,10 +201,15 @@ class WorkerRoster:
         if worker is not None:
             worker.held.clear()
 
-    def phase_ended(self) -> None:
-        """A new phase's task ids share nothing with the last one's: nobody holds anything."""
+    def phase_ended(self, prefix: str = "") -> None:
+        """A run's phase ended: its next phase's task ids share nothing with the last one's, so
+        nobody holds any task of the run. `prefix`: the run's task ids begin with it (a fleet
+        serving several runs); "" is every task id."""
         for worker in self._workers.values():
-            worker.held.clear()
+            if not prefix:
+                worker.held.clear()
+            elif worker.held:
+                worker.held = {t for t in worker.held if not t.startswith(prefix)}
 
     def connected(self, now: float, within_s: float) -> int:
         """How many workers were seen in the last `within_s` seconds."""
@@ -239,6 +260,36 @@ class WorkerRoster:
                 )
             )
         return stats
+
+    def utilisation(self, now: float) -> float | None:
+        """How busy the workers connected now were over the last UTILISATION_WINDOW_S: their
+        accepted results' busy seconds / (workers x the window), at most 1 (a result's seconds
+        count when it is accepted, so a long task's land at once). None before any worker
+        called, with none connected, or less than MIN_UTILISATION_SPAN_S after the first."""
+        if self._first_seen is None:
+            return None
+        span = min(UTILISATION_WINDOW_S, now - self._first_seen)
+        workers = self.connected(now, WORKER_SEEN_WINDOW_S)
+        if workers == 0 or span < MIN_UTILISATION_SPAN_S:
+            return None
+        self._trim_busy(now)
+        return min(1.0, max(0.0, self._window_busy) / (workers * span))
+
+    def _add_busy(self, seconds: float, now: float) -> None:
+        second = int(now)
+        busy = self._busy
+        if busy and busy[-1][0] == second:
+            busy[-1][1] += seconds
+        else:
+            busy.append([second, seconds])
+        self._window_busy += seconds
+        self._trim_busy(now)
+
+    def _trim_busy(self, now: float) -> None:
+        oldest = now - UTILISATION_WINDOW_S - 1
+        busy = self._busy
+        while busy and busy[0][0] <= oldest:
+            self._window_busy -= busy.popleft()[1]
 
     def _trim(self, worker: _Worker, now: float) -> None:
         # Bucket s covers [s, s + 1): it leaves once all of it is older than the window.

@@ -1,6 +1,8 @@
 """The gRPC edge: converts messages to plain values, validates them, and calls the Fleet.
 
-The Task messages a lease hands out are built by master.fleet.tasks, the edge's other half.
+The Task messages a lease hands out are built by master.fleet.tasks, the edge's other half,
+from the template of the run each task is of: one for a single run, one per run of a study
+(serve_run), whose task ids the Fleet qualifies with the run's key.
 """
 
 from __future__ import annotations
@@ -151,18 +153,37 @@ _DISPOSITIONS = {
 }
 
 
+UNSUPPORTED_RETRY_MS = 5000
+"""How often a worker that cannot build the run's env asks again (it may serve another run)."""
+
+
 class EvolutionService(pb_grpc.EvolutionServicer):
-    """Thin adapter: every decision is the Fleet's; this class only speaks protobuf."""
+    """Thin adapter: every decision is the Fleet's; this class only speaks protobuf.
+
+    `template`: a single run's (the Fleet's run of key ""); None for a study, whose runs are
+    served with serve_run() as they start.
+    """
 
     def __init__(
         self,
         fleet: Fleet,
-        template: TaskTemplate,
+        template: TaskTemplate | None,
         status: Callable[[], StatusFigures],
     ) -> None:
         self._fleet = fleet
-        self._template = template
+        self._single = template
+        self._templates: dict[str, TaskTemplate] = {} if template is None else {"": template}
+        """Each run's template by its key in the fleet."""
         self._status = status
+
+    def serve_run(self, key: str, template: TaskTemplate) -> None:
+        """A study's run (the Fleet's run of this key) is served: its tasks are built from
+        `template`."""
+        self._templates[key] = template
+
+    def stop_serving_run(self, key: str) -> None:
+        """A study's run is no longer served: its results and parameters are no longer taken."""
+        self._templates.pop(key, None)
 
     async def Lease(
         self, request: pb.LeaseRequest, context: grpc.aio.ServicerContext
@@ -173,31 +194,51 @@ class EvolutionService(pb_grpc.EvolutionServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"max_tasks must be in [1, {MAX_TASKS_PER_LEASE}], got {request.max_tasks}",
             )
-        run_id = self._template.run_id
+        run_id = self._single.run_id if self._single is not None else ""
         if self._fleet.tell_complete(request.worker_id):
             return pb.LeaseResponse(run_complete=True, run_id=run_id)
-        if self._refused(request, run_id):
+        if self._refused(request) and self._single is not None:
             return pb.LeaseResponse(retry_after_ms=REFUSED_RETRY_MS, run_id=run_id)
-        if self._template.env.env_id in request.unsupported_env_ids:
+        unsupported = set(request.unsupported_env_ids)
+        # A run whose env this worker cannot build goes to other workers.
+        excluded = [key for key, template in self._templates.items()
+                    if template.env.env_id in unsupported] if unsupported else []  # fmt: skip
+        if excluded and self._single is not None:
             # This worker cannot build the run's env; let it wait for another run.
-            return pb.LeaseResponse(retry_after_ms=5000, run_id=run_id)
-        granted = self._fleet.lease(request.worker_id, request.max_tasks)
-        if not granted:
-            return pb.LeaseResponse(retry_after_ms=self._fleet.retry_after_ms(), run_id=run_id)
+            return pb.LeaseResponse(retry_after_ms=UNSUPPORTED_RETRY_MS, run_id=run_id)
+        granted = self._fleet.lease_runs(request.worker_id, request.max_tasks, excluded)
         response = pb.LeaseResponse(run_id=run_id)
-        self._template.add_tasks(response, granted)
+        for run, tasks in granted:
+            template = self._templates.get(run)
+            if template is not None:  # else its leases lapse: the run is no longer served
+                template.add_tasks(response, tasks)
+        if not response.tasks:
+            response.retry_after_ms = self._fleet.retry_after_ms()
+        elif self._single is None and len(granted) == 1:
+            response.run_id = self._templates[granted[0].run].run_id
         return response
 
-    def _refused(self, request: pb.LeaseRequest, run_id: str) -> bool:
-        """Whether this worker refuses the run's tasks (a module it cannot import), which the
-        fleet then records; a request without a refusal of this run withdraws any it made."""
+    def _refused(self, request: pb.LeaseRequest) -> bool:
+        """Whether this worker refuses a run's tasks (a module it cannot import), which the
+        fleet then records; a request without a refusal of a run served withdraws any it made."""
         refusal = request.refusal if request.HasField("refusal") else None
-        if refusal is None or refusal.run_id != run_id:
+        key = self._run_key(refusal.run_id) if refusal is not None else None
+        if key is None:
             self._fleet.withdraw_refusal(request.worker_id)
             return False
+        assert refusal is not None
         reason = refusal.reason[:MAX_ERROR_CHARS] or "no reason given"
-        self._fleet.refuse(request.worker_id, reason)
+        self._fleet.refuse(request.worker_id, reason, key)
         return True
+
+    def _run_key(self, run_id: str) -> str | None:
+        """The key of the run served with this run id; None if none is."""
+        if not run_id:
+            return None
+        for key, template in self._templates.items():
+            if template.run_id == run_id:
+                return key
+        return None
 
     async def Report(
         self, request: pb.ReportRequest, context: grpc.aio.ServicerContext
@@ -211,30 +252,32 @@ class EvolutionService(pb_grpc.EvolutionServicer):
             )
         # Validate and convert the whole batch first, so a bad message changes nothing. Each
         # field is read once: every read of a protobuf field makes a new Python object.
-        run_id = self._template.run_id
         outcomes, this_run = [], []
-        template = self._template
         for result in request.results:
             task_id, error, returns = result.task_id, result.error, tuple(result.episode_returns)
-            problem = _result_problem(result, task_id, error, returns) or _extras_problem(
-                result, task_id, error, len(returns), template
-            )
+            template = self._template_of(task_id)
+            ours = template is not None and result.run_id == template.run_id
+            problem = _result_problem(result, task_id, error, returns)
+            if not problem and template is not None:
+                # Held to the template of the run it says it is of (another's is not recorded).
+                problem = _extras_problem(result, task_id, error, len(returns), template)
             if problem:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             behaviours = observations = None
-            if not error and template.behaviour_size:
+            if ours and not error and template.behaviour_size:
                 behaviours = np.array(result.behaviours, dtype=np.float32).reshape(
                     len(returns), template.behaviour_size
                 )
-            if not error and template.observation_size:
+            if ours and not error and template.observation_size:
                 sums = result.observation_sums
                 observations = ObservationStats(
                     sums.count, np.array(sums.sum), np.array(sums.sum_of_squares)
                 )
-            outcomes.append(
-                TaskOutcome(task_id, returns, result.frames, error, behaviours, observations)
-            )
-            this_run.append(result.run_id == run_id)
+            # Bounded by the task's lease age where it is recorded (master.fleet.phases).
+            busy = result.busy_seconds
+            outcomes.append(TaskOutcome(task_id, returns, result.frames, error, behaviours,
+                                        observations, busy))  # fmt: skip
+            this_run.append(ours)
         ours = [outcome for outcome, ok in zip(outcomes, this_run, strict=True) if ok]
         try:
             recorded = iter(self._fleet.report_many(request.worker_id, ours))
@@ -279,13 +322,18 @@ class EvolutionService(pb_grpc.EvolutionServicer):
         self, request: pb.ParametersRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ParametersChunk]:
         await _check_common(request, context)
-        store = self._template.parameters
+        run_id = request.run_id
+        # No run named: a worker from before the field, which only a single run can answer.
+        key = self._run_key(run_id) if run_id else ("" if self._single is not None else None)
+        template = self._templates.get(key) if key is not None else None
+        store = template.parameters if template is not None else None
         current = store.get(request.version) if store is not None else None
         if current is None:
+            of_run = f" of run {run_id[:80]!r}" if run_id else ""
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f"parameters of version {request.version} are not served (run is not ES, or "
-                "the update is over)",
+                f"parameters of version {request.version}{of_run} are not served (the run is "
+                "not ES or not served here, or the update is over)",
             )
         version, data, sha256 = current
         for offset in range(0, max(len(data), 1), PARAMETER_CHUNK_BYTES):
@@ -325,6 +373,13 @@ class EvolutionService(pb_grpc.EvolutionServicer):
                 self._fleet.tell_complete(request.worker_id)
             # The worker's connection closed (grpc cancels this call), or the run is over.
             self._fleet.detach(request.worker_id, token)
+
+    def _template_of(self, task_id: str) -> TaskTemplate | None:
+        """The template of the run a (wire) task id is of; None if no run served has it."""
+        if self._single is not None:
+            return self._single
+        key = self._fleet.run_key(task_id)
+        return self._templates.get(key) if key is not None else None
 
 
 def status_response(snapshot: StatusFigures) -> pb.StatusResponse:

@@ -15,7 +15,7 @@ clock of its own (time comes in as an argument).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -33,7 +33,7 @@ class Leasable(Protocol):
     def complete(self) -> bool: ...
     def lease(
         self, worker_id: str, max_tasks: int, now: float, fleet_slots: int = 0,
-        backups: bool = True,
+        backups: bool = True, workers: Collection[str] = (),
     ) -> list[PhaseTask]: ...  # fmt: skip
     def lease_backups(self, worker_id: str, max_tasks: int, now: float) -> list[PhaseTask]: ...
 
@@ -91,14 +91,23 @@ class FairShare(Generic[T]):
         return sum(table.counters.leased for table in self._tables[run])
 
     def lease(
-        self, worker_id: str, max_tasks: int, now: float, fleet_slots: int = 0
+        self,
+        worker_id: str,
+        max_tasks: int,
+        now: float,
+        fleet_slots: int = 0,
+        workers: Collection[str] = (),
+        excluded: Collection[str] = (),
     ) -> list[Drawn[T]]:
         """Up to `max_tasks` pending tasks, from the runs with the fewest in flight; backup
         copies (at most one call's worth of one table) only if no run has a pending task.
 
         `fleet_slots`: how many tasks the workers asking for work ask for together (0: unknown):
         no worker takes more than its share of every run's pending tasks, by the rule one lease
-        table applies to its own (master.fleet.leases.LeaseTable.lease).
+        table applies to its own (master.fleet.leases.LeaseTable.lease). `workers`: those the
+        fleet could lease to (LeaseTable.lease: a task this worker failed goes to one of them).
+        `excluded`: runs this worker is given nothing of (it cannot build their env, or refuses
+        them); their pending tasks still count as pending, so it gets no backup copy meanwhile.
         """
         if max_tasks < 1:
             return []
@@ -106,16 +115,23 @@ class FairShare(Generic[T]):
         if fleet_slots > 0 and pending:
             share = -(-pending * max_tasks // max(fleet_slots, max_tasks))
             max_tasks = min(max_tasks, max(1, share))
-        drawn = self._lease_fresh(worker_id, max_tasks, now)
+        drawn = self._lease_fresh(worker_id, max_tasks, now, workers, excluded)
         if drawn or self.pending:
             # A worker a table held off (near its phase's end the last tasks go to workers
             # holding none of them) gets no backup either: pending work comes first.
             return drawn
-        return self._lease_backups(worker_id, max_tasks, now)
+        return self._lease_backups(worker_id, max_tasks, now, excluded)
 
-    def _lease_fresh(self, worker_id: str, wanted: int, now: float) -> list[Drawn[T]]:
+    def _lease_fresh(
+        self,
+        worker_id: str,
+        wanted: int,
+        now: float,
+        workers: Collection[str],
+        excluded: Collection[str],
+    ) -> list[Drawn[T]]:
         drawn: list[Drawn[T]] = []
-        refused: set[str] = set()
+        refused: set[str] = set(excluded)
         # Each round either fills what is left, or a run gave fewer than it was given to lease
         # (a table held this worker off) and is not asked again: at most one round per run.
         while wanted > 0:
@@ -123,7 +139,7 @@ class FairShare(Generic[T]):
             if not runs:
                 break
             for run, count in self._levelled(runs, wanted).items():
-                taken = self._lease_run(run, worker_id, count, now)
+                taken = self._lease_run(run, worker_id, count, now, workers)
                 granted = sum(len(d.tasks) for d in taken)
                 if granted < count:
                     refused.add(run)
@@ -149,7 +165,9 @@ class FairShare(Generic[T]):
                 heapq.heappush(heap, (level + 1, served, i, run))
         return given
 
-    def _lease_run(self, run: str, worker_id: str, count: int, now: float) -> list[Drawn[T]]:
+    def _lease_run(
+        self, run: str, worker_id: str, count: int, now: float, workers: Collection[str]
+    ) -> list[Drawn[T]]:
         """Up to `count` fresh tasks of one run, its tables in priority order."""
         drawn: list[Drawn[T]] = []
         for table in self._tables[run]:
@@ -157,14 +175,17 @@ class FairShare(Generic[T]):
                 break
             if table.complete or not table.pending:
                 continue
-            tasks = table.lease(worker_id, count, now, backups=False)
+            tasks = table.lease(worker_id, count, now, backups=False, workers=workers)
             if tasks:
                 drawn.append(Drawn(run, table, tuple(tasks)))
                 count -= len(tasks)
         return drawn
 
-    def _lease_backups(self, worker_id: str, max_tasks: int, now: float) -> list[Drawn[T]]:
-        for run in sorted(self._tables, key=lambda r: (self.in_flight(r), self._served[r])):
+    def _lease_backups(
+        self, worker_id: str, max_tasks: int, now: float, excluded: Collection[str]
+    ) -> list[Drawn[T]]:
+        runs = [run for run in self._tables if run not in excluded]
+        for run in sorted(runs, key=lambda r: (self.in_flight(r), self._served[r])):
             for table in self._tables[run]:
                 if table.complete:
                     continue

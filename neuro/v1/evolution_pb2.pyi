@@ -121,14 +121,16 @@ class EsPerturbation(_message.Message):
     def __init__(self, version: _Optional[int] = ..., noise_index: _Optional[int] = ..., sign: _Optional[int] = ..., sigma: _Optional[float] = ..., num_params: _Optional[int] = ..., parameters_sha256: _Optional[str] = ..., observation_size: _Optional[int] = ...) -> None: ...
 
 class ParametersRequest(_message.Message):
-    __slots__ = ("protocol_version", "worker_id", "version")
+    __slots__ = ("protocol_version", "worker_id", "version", "run_id")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     protocol_version: ProtocolVersion
     worker_id: str
     version: int
-    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., worker_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    run_id: str
+    def __init__(self, protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., worker_id: _Optional[str] = ..., version: _Optional[int] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class ParametersChunk(_message.Message):
     __slots__ = ("version", "offset", "data", "total_bytes", "sha256")
@@ -179,7 +181,7 @@ class LeaseResponse(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., retry_after_ms: _Optional[int] = ..., run_complete: _Optional[bool] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class TaskResult(_message.Message):
-    __slots__ = ("task_id", "run_id", "episode_returns", "episode_frames", "frames", "error", "behaviours", "observation_sums")
+    __slots__ = ("task_id", "run_id", "episode_returns", "episode_frames", "frames", "error", "behaviours", "observation_sums", "busy_seconds")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     EPISODE_RETURNS_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +190,7 @@ class TaskResult(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     BEHAVIOURS_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_SUMS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     run_id: str
     episode_returns: _containers.RepeatedScalarFieldContainer[float]
@@ -196,7 +199,8 @@ class TaskResult(_message.Message):
     error: str
     behaviours: _containers.RepeatedScalarFieldContainer[float]
     observation_sums: ObservationSums
-    def __init__(self, task_id: _Optional[str] = ..., run_id: _Optional[str] = ..., episode_returns: _Optional[_Iterable[float]] = ..., episode_frames: _Optional[_Iterable[int]] = ..., frames: _Optional[int] = ..., error: _Optional[str] = ..., behaviours: _Optional[_Iterable[float]] = ..., observation_sums: _Optional[_Union[ObservationSums, _Mapping]] = ...) -> None: ...
+    busy_seconds: float
+    def __init__(self, task_id: _Optional[str] = ..., run_id: _Optional[str] = ..., episode_returns: _Optional[_Iterable[float]] = ..., episode_frames: _Optional[_Iterable[int]] = ..., frames: _Optional[int] = ..., error: _Optional[str] = ..., behaviours: _Optional[_Iterable[float]] = ..., observation_sums: _Optional[_Union[ObservationSums, _Mapping]] = ..., busy_seconds: _Optional[float] = ...) -> None: ...
 
 class ObservationSums(_message.Message):
     __slots__ = ("count", "sum", "sum_of_squares")

@@ -78,9 +78,12 @@ def test_an_es_task_names_the_parameter_version_to_fetch() -> None:
     es.version, es.noise_index, es.sign, es.sigma = 3, 5, 1, 0.02
     es.parameters_sha256, es.num_params, es.observation_size = "ab" * 32, 100, 4
     leased = leased_task(task)
-    assert leased.parameters == wire.ParameterVersion(3, "ab" * 32, 100 + 2 * 4)
+    # The version is of the task's run: a master serving several numbers each one's from 0.
+    assert leased.parameters == wire.ParameterVersion(3, "ab" * 32, 100 + 2 * 4, task.run_id)
+    assert task.run_id and leased.spec is not None
+    assert leased.spec.perturbation_run == task.run_id
     es.num_params = 0  # a master that does not say
-    assert leased_task(task).parameters == wire.ParameterVersion(3, "ab" * 32, None)
+    assert leased_task(task).parameters == wire.ParameterVersion(3, "ab" * 32, None, "run-1")
 
 
 def test_a_refused_task_keeps_its_reason_and_is_an_individual_of_its_own() -> None:

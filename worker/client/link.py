@@ -58,16 +58,17 @@ def fetch_parameters(
     version: int,
     sha256: str,
     num_params: int | None = None,
+    run_id: str = "",
 ) -> np.ndarray:
     """Streams one ES parameter version in chunks and checks it against its sha256.
 
     `num_params` (the task's values: parameters plus any observation statistics) fixes the
     size; the stream's declared size is checked against it and MAX_PARAMS values before anything
-    accumulates.
+    accumulates. `run_id`: the run the version is of (a master may serve several).
     """
-    request = pb.ParametersRequest(
-        protocol_version=pb.PROTOCOL_VERSION_CURRENT, worker_id=worker_id, version=version
-    )
+    request = pb.ParametersRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+                                   worker_id=worker_id, version=version,
+                                   run_id=run_id)  # fmt: skip
     data, total = bytearray(), None
     limit = 4 * MAX_PARAMS
     try:
@@ -291,11 +292,12 @@ class MasterLink:
         kept = []
         for task in tasks:
             wanted = task.parameters
-            if wanted is not None and not self._evaluator.has_parameters(wanted.version):
+            if wanted is not None and not self._evaluator.has_parameters(
+                wanted.version, wanted.run_id
+            ):
                 try:
-                    theta = fetch_parameters(
-                        stub, self.worker_id, wanted.version, wanted.sha256, wanted.values
-                    )
+                    theta = fetch_parameters(stub, self.worker_id, wanted.version, wanted.sha256,
+                                             wanted.values, wanted.run_id)  # fmt: skip
                 except ParametersUnavailable:
                     continue  # a finished update: the master no longer wants this task
                 except ValueError as error:
@@ -304,7 +306,7 @@ class MasterLink:
                     log.warning("worker %s: %s; task %s skipped", self.worker_id, error,
                                 task.task_id)  # fmt: skip
                     continue
-                self._evaluator.set_parameters(wanted.version, theta)
+                self._evaluator.set_parameters(wanted.version, theta, wanted.run_id)
             kept.append(task)
         return kept
 

@@ -46,6 +46,8 @@ class ParameterVersion:
     sha256: str
     values: int | None
     """Parameters plus any observation statistics; None: a master that does not say."""
+    run_id: str = ""
+    """The run the version is of: a master serving several runs numbers each one's from 0."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ def leased_task(task: pb.Task) -> LeasedTask:
     if task.HasField("perturbation"):
         es = task.perturbation
         values = es.num_params + 2 * es.observation_size if es.num_params else None
-        parameters = ParameterVersion(es.version, es.parameters_sha256, values)
+        parameters = ParameterVersion(es.version, es.parameters_sha256, values, task.run_id)
     return LeasedTask(
         task_id=task.task_id,
         run_id=task.run_id,
@@ -124,6 +126,7 @@ def spec_from_task(task: pb.Task) -> EvaluationSpec:
         behaviour_size=task.behaviour_size,
         observation_size=task.perturbation.observation_size,
         policy=user_policy_of(task.policy),
+        perturbation_run=task.run_id if task.HasField("perturbation") else "",
     )
     return check_spec(spec)
 
@@ -141,7 +144,8 @@ def user_policy_of(policy: pb.PolicySpec) -> UserPolicy | None:
 def task_result(task: LeasedTask, evaluation: Evaluation) -> pb.TaskResult:
     """A finished task as the master reads it: its returns and frames (and behaviours,
     observation sums), or the error it failed with."""
-    result = pb.TaskResult(task_id=task.task_id, run_id=task.run_id)
+    result = pb.TaskResult(task_id=task.task_id, run_id=task.run_id,
+                           busy_seconds=evaluation.busy_s)  # fmt: skip
     if evaluation.error:
         result.error = _bounded(evaluation.error)
         return result

@@ -1,40 +1,57 @@
 """The ES parameter versions a worker has fetched: written by the link thread, read by the
-thread that plays the tasks."""
+thread that plays the tasks.
+
+Versions are kept per run: a master serving several ES runs at once (a study) numbers each
+run's versions from 0, so version 3 of one run is not version 3 of another.
+"""
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
 KEPT_VERSIONS = 2
-"""The latest version and the one before, for tasks of the previous generation still running."""
+"""Per run, the latest version and the one before, for tasks of the previous generation still
+running."""
+KEPT_RUNS = 16
+"""Runs whose versions are kept, those stored to most recently: far more ES runs than a study
+serves at once at this worker's pace, and a bound on its memory (each version can be tens of
+MB) whatever the master sends."""
 
 
 class EsParameterStore:
-    """Fetched ES parameter vectors by version, read-only once stored; thread-safe."""
+    """Fetched ES parameter vectors by run and version, read-only once stored; thread-safe."""
 
     def __init__(self) -> None:
-        self._versions: dict[int, np.ndarray] = {}
+        self._runs: OrderedDict[str, dict[int, np.ndarray]] = OrderedDict()
+        """run id -> version -> vector; the run stored to least recently first."""
         self._lock = threading.Lock()
 
-    def has(self, version: int) -> bool:
-        """Whether this version is here."""
+    def has(self, version: int, run: str = "") -> bool:
+        """Whether this version of this run is here."""
         with self._lock:
-            return version in self._versions
+            return version in self._runs.get(run, ())
 
-    def put(self, version: int, theta: np.ndarray) -> None:
-        """Keeps a fetched version (and the one before it, for stragglers)."""
+    def put(self, version: int, theta: np.ndarray, run: str = "") -> None:
+        """Keeps a fetched version of a run (and the one before it, for stragglers)."""
         theta.flags.writeable = False
         with self._lock:
-            self._versions[version] = theta
-            for old in sorted(self._versions)[:-KEPT_VERSIONS]:
-                del self._versions[old]
+            versions = self._runs.setdefault(run, {})
+            self._runs.move_to_end(run)
+            versions[version] = theta
+            for old in sorted(versions)[:-KEPT_VERSIONS]:
+                del versions[old]
+            while len(self._runs) > KEPT_RUNS:
+                self._runs.popitem(last=False)
 
-    def get(self, version: int) -> np.ndarray:
-        """The vector of this version; ValueError naming it where it was not fetched."""
+    def get(self, version: int, run: str = "") -> np.ndarray:
+        """The vector of this version of this run; ValueError naming it where it was not
+        fetched."""
         with self._lock:
-            theta = self._versions.get(version)
+            theta = self._runs.get(run, {}).get(version)
         if theta is None:
-            raise ValueError(f"ES parameters of version {version} were not fetched")
+            of_run = f" of run {run}" if run else ""
+            raise ValueError(f"ES parameters of version {version}{of_run} were not fetched")
         return theta

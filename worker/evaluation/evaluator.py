@@ -5,7 +5,7 @@ parameters through."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,9 @@ class Evaluation:
     """The sums of every observation the policy was fed, when the task asks for them."""
     error: str = ""
     """Set when the task's env or policy raised mid-episode: it failed, with no returns."""
+    busy_s: float = field(default=0.0, compare=False)
+    """Seconds the worker spent on the task (worker.runners.base's rule): how long it took,
+    not what it scored, so two evaluations of the same episodes are equal whatever it was."""
 
     @classmethod
     def of(cls, episodes: Sequence[EpisodeResult]) -> Evaluation:
@@ -94,13 +97,13 @@ class Evaluator:
         """ "architecture/dtype" -> the engine its policies run on here (the stats file's)."""
         return self.policies.engines_used
 
-    def has_parameters(self, version: int) -> bool:
-        """Whether the ES parameters of this version are here."""
-        return self.es_parameters.has(version)
+    def has_parameters(self, version: int, run: str = "") -> bool:
+        """Whether the ES parameters of this version of this run are here."""
+        return self.es_parameters.has(version, run)
 
-    def set_parameters(self, version: int, theta: np.ndarray) -> None:
-        """Keeps a fetched ES parameter version (and the one before, for stragglers)."""
-        self.es_parameters.put(version, theta)
+    def set_parameters(self, version: int, theta: np.ndarray, run: str = "") -> None:
+        """Keeps a fetched ES parameter version of a run (and the one before, for stragglers)."""
+        self.es_parameters.put(version, theta, run)
 
     def build_policy(self, spec: EvaluationSpec, handle: EnvHandle) -> Policy:
         """A new policy for `spec`'s network on `handle`'s env (PolicyBuilder.build)."""

@@ -42,7 +42,7 @@ class ParameterResolver:
         if spec.perturbation is not None:
             check_parameter_count(num_params, spec.noise_table.size)  # before building it
             version, index, sign, sigma = spec.perturbation
-            fetched = self._es_parameters.get(version)
+            fetched = self._es_parameters.get(version, spec.perturbation_run)
             theta = without_statistics(fetched, num_params, spec.observation_size)
             table = load_noise_table(spec.noise_table, self._noise_cache_dir)
             return perturbed_parameters(theta, table, index, sign, sigma)
@@ -73,7 +73,7 @@ class ParameterResolver:
         if spec.parameters_file is not None:
             stored = load_parameters_file(spec.parameters_file, spec.parameters_sha256)
         elif spec.perturbation is not None:
-            stored = self._es_parameters.get(spec.perturbation[0])
+            stored = self._es_parameters.get(spec.perturbation[0], spec.perturbation_run)
         else:
             raise ValueError("observation statistics come only with ES parameters")
         n, size = parameter_count(network.layout), spec.observation_size

@@ -39,6 +39,7 @@ class GenomeKey:
     seeds: tuple[int, ...]
     perturbation: tuple[int, int, int, float] | None
     parameters_file: str | None
+    perturbation_run: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,9 @@ class EvaluationSpec:
     and std (this many values each), and the task reports its observations' sums."""
     policy: UserPolicy | None = None
     """A user's network (architecture "module"): its factory and options."""
+    perturbation_run: str = ""
+    """ES: the run whose parameter version the perturbation applies to (a master serving
+    several runs numbers each one's versions from 0); "": the master's only run, or none."""
 
     @property
     def network_key(self) -> NetworkKey:
@@ -91,7 +95,8 @@ class EvaluationSpec:
     @property
     def genome_key(self) -> GenomeKey:
         return GenomeKey(self.network_key, self.noise_table, self.mutation_power, self.seeds,
-                         self.perturbation, self.parameters_file)  # fmt: skip
+                         self.perturbation, self.parameters_file,
+                         self.perturbation_run)  # fmt: skip
 
     @property
     def decoder_key(self) -> DecoderKey:

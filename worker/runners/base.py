@@ -4,11 +4,19 @@ The client's main loop feeds a runner with start() and drains it with step(); a 
 each task's env and whatever it loaded for it (a policy, a slot) until the task ends or is
 dropped. Replay and bench play one spec at a time with play(), the same path. Two runners:
 per_genome.py (the CPU default) and batched.py (--envs, a GPU).
+
+Each finished task's Evaluation says how long the worker spent on it (busy_s, reported as
+TaskResult.busy_seconds): the time its start() took (an env, the policy built and its
+parameters loaded), and for every step() it was in, an equal share of that step's time among
+the tasks in it. Tasks stepped together share one forward pass and one vector env call, so
+none of them alone costs the step; shares of every task add up to the time the runner worked.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +57,10 @@ class TaskRunner:
         self._rollout = Rollout(self.timers, contain_failures=contain_failures)
         self._tasks: dict[str, RunningTask] = {}
         self._envs = envs
+        self._busy: dict[str, float] = {}
+        """Seconds each held task has taken so far (the module's rule)."""
+        self._starting: tuple[str, float] | None = None
+        """The task being started and when its start began."""
 
     @property
     def free(self) -> int:
@@ -64,14 +76,28 @@ class TaskRunner:
     def step(self) -> list[tuple[str, Evaluation]]:
         """One agent step in every slot; returns the tasks that finished (id, evaluation),
         those whose env or policy raised with an Evaluation that names the error."""
+        began = time.perf_counter()
+        stepped = list(self._tasks)
+        done = self._rollout.step()
+        failures = self._rollout.take_failures()
+        if stepped:
+            share = (time.perf_counter() - began) / len(stepped)
+            busy = self._busy
+            for task_id in stepped:
+                busy[task_id] = busy.get(task_id, 0.0) + share
         finished = []
-        for task_id, episodes in self._rollout.step():
+        for task_id, episodes in done:
             self._release(task_id)
-            finished.append((task_id, Evaluation.of(episodes)))
-        for task_id, error in self._rollout.take_failures():
+            finished.append((task_id, self._timed(task_id, Evaluation.of(episodes))))
+        for task_id, error in failures:
             self._release(task_id, env_usable=False)
-            finished.append((task_id, Evaluation([], [], error=error)))
+            finished.append((task_id, self._timed(task_id, Evaluation([], [], error=error))))
         return finished
+
+    def _timed(self, task_id: str, evaluation: Evaluation) -> Evaluation:
+        """The evaluation with the seconds its task took (the module's rule)."""
+        seconds = self._busy.pop(task_id, 0.0)
+        return dataclasses.replace(evaluation, busy_s=seconds)
 
     def play(self, spec: EvaluationSpec) -> Evaluation:
         """Plays one spec's episodes to the end as this idle runner's only task (replay, bench:
@@ -88,11 +114,13 @@ class TaskRunner:
         if task_id not in self._tasks:
             return None
         self._rollout.remove(task_id)
+        self._busy.pop(task_id, None)
         return self._release(task_id).spec
 
     def _take_env(self, task_id: str, spec: EvaluationSpec) -> EnvHandle:
         if not self.free:
             raise RuntimeError(f"no free slot for {task_id}: {self!r}")
+        self._starting = (task_id, time.perf_counter())
         return self._envs.take(spec.env_id, spec.atari_dynamics, spec.behaviour_size > 0)
 
     def _give_env(self, spec: EvaluationSpec, handle: EnvHandle) -> None:
@@ -100,6 +128,9 @@ class TaskRunner:
 
     def _begin(self, task_id: str, task: RunningTask, actor: Any) -> None:
         """Holds the task and starts its episodes with `actor`; released again if that fails."""
+        starting, self._starting = self._starting, None
+        if starting is not None and starting[0] == task_id:
+            self._busy[task_id] = time.perf_counter() - starting[1]
         self._tasks[task_id] = task
         spec = task.spec
         try:
@@ -107,6 +138,7 @@ class TaskRunner:
                               spec.env_seed, spec.behaviour_size,
                               bool(spec.observation_size))  # fmt: skip
         except BaseException:
+            self._busy.pop(task_id, None)
             self._release(task_id)
             raise
 

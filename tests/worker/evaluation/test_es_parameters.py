@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from worker.evaluation.es_parameters import EsParameterStore
+from worker.evaluation.es_parameters import KEPT_RUNS, EsParameterStore
 
 
 def test_the_latest_two_versions_are_kept_read_only_and_a_missing_one_is_named() -> None:
@@ -45,3 +45,21 @@ def test_a_reader_sees_whole_versions_while_the_link_thread_stores_more() -> Non
                 break
     thread.join()
     assert store.has(1999) and store.has(1998) and not store.has(1997)
+
+
+def test_each_runs_versions_are_kept_apart_and_only_the_latest_runs_are_kept() -> None:
+    """A master serving several ES runs numbers each one's versions from 0: version 3 of one
+    run is not version 3 of another, and a worker keeps KEPT_RUNS runs' versions at most."""
+    store = EsParameterStore()
+    store.put(3, np.full(4, 1, np.float32), run="a")
+    store.put(3, np.full(4, 2, np.float32), run="b")
+    assert store.get(3, "a")[0] == 1 and store.get(3, "b")[0] == 2
+    assert not store.has(3) and not store.has(3, "c")
+    with pytest.raises(ValueError, match="version 3 of run c were not fetched"):
+        store.get(3, "c")
+    for version in (4, 5):  # each run keeps its own latest two
+        store.put(version, np.full(4, version, np.float32), run="a")
+    assert [store.has(v, "a") for v in (3, 4, 5)] == [False, True, True] and store.has(3, "b")
+    for i in range(KEPT_RUNS):
+        store.put(0, np.zeros(4, np.float32), run=f"r{i}")
+    assert not store.has(4, "a") and not store.has(3, "b") and store.has(0, f"r{KEPT_RUNS - 1}")

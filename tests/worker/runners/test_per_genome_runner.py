@@ -145,3 +145,29 @@ def test_a_task_whose_env_raises_mid_episode_fails_alone_and_frees_its_slot(tmp_
     while runner.busy:
         finished.update({task_id: evaluation for task_id, evaluation in runner.step()})
     assert finished["next"].returns == finished["good"].returns
+
+
+def test_each_task_is_charged_its_start_and_a_share_of_every_step_it_was_in(tmp_path):
+    """busy_s: the time a task's start took, plus an equal share of each step among the tasks
+    in it; the shares of every task add up to the runner's working time, never more."""
+    import time
+
+    specs = {f"t{i}": cartpole_task((7, 8, 30 + i), 2, 300 + i) for i in range(3)}
+    runner = PerGenomeRunner(Evaluator(str(tmp_path)), 3)
+    began = time.perf_counter()
+    for task_id, spec in specs.items():
+        runner.start(task_id, spec)
+    finished: dict[str, Evaluation] = {}
+    while runner.busy:
+        finished.update(runner.step())
+    elapsed = time.perf_counter() - began
+    assert sorted(finished) == sorted(specs)
+    assert all(evaluation.busy_s > 0 for evaluation in finished.values())
+    assert sum(evaluation.busy_s for evaluation in finished.values()) <= elapsed
+    # A dropped task's time is forgotten with it: the next task of that id starts from 0.
+    runner.start("again", specs["t0"])
+    runner.step()
+    runner.drop("again")
+    runner.start("again", specs["t0"])
+    runner.drop("again")
+    assert runner._busy == {}
