@@ -77,6 +77,19 @@ def _checkpoint_seconds(text: str) -> float:
     return _seconds(text)
 
 
+def _test_episodes(text: str) -> int:
+    from master.study.file import MAX_TEST_EPISODES
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_TEST_EPISODES:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, {MAX_TEST_EPISODES}], "
+                                         f"got {text!r}")  # fmt: skip
+    return value
+
+
 def _port(source: str) -> Callable[[str], int]:
     def port(text: str) -> int:
         try:
@@ -140,11 +153,27 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="never stop at a target score; run the other budgets out",
     )
+    groups[_BUDGET].add_argument(
+        "--test-episodes",
+        type=_test_episodes,
+        default=0,
+        metavar="N",
+        help="once the budget is spent, the run's best elite plays N fresh episodes, not "
+        "counted in the budget, written to RUN_DIR/final_test.json (default 0: none; a study "
+        "takes its own, 30 unless its file says)",
+    )
     groups[_FLEET].add_argument(
         "--worker-arg",
         action="append",
         default=[],
         help="extra argument for local workers (repeatable)",
+    )
+    groups[_FLEET].add_argument(
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="keep the barrier between phases: by default the GA's next offspring play while "
+        "its elite phase runs, with the same results",
     )
     _add_study_flags(p)
     _add_s3_flags(p)
@@ -499,8 +528,9 @@ def _refuse_run_flags(parser: argparse.ArgumentParser, args: argparse.Namespace)
     """A study's runs take their env, algorithm, settings and run dirs from the study: a flag
     that would set them is refused, naming it (their environment variables are left alone)."""
     given = [s.flag for s in _settings() if getattr(args, s.name) is not None]
-    given += [flag for flag, on in (("--algo", args.algorithm is not None),
-                                    ("--no-target", args.no_target)) if on]  # fmt: skip
+    flags = (("--algo", args.algorithm is not None), ("--no-target", args.no_target),
+             ("--test-episodes", args.test_episodes != 0))  # fmt: skip
+    given += [flag for flag, on in flags if on]
     for flag, value, variable in (("--env", args.env, "NEURO_ENV"),
                                   ("--run-dir", args.run_dir, "NEURO_RUN_DIR")):  # fmt: skip
         if value is not None and value != os.environ.get(variable):
@@ -615,6 +645,8 @@ def _serve(
         s3_sync_seconds=args.s3_sync_seconds,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
+        overlap=args.overlap,
+        test_episodes=args.test_episodes,
     )
     try:
         asyncio.run(start.run_master(config, run_dir, serve, options, resume=resume))

@@ -301,6 +301,7 @@ class Fleet:
         """Serving is over: every worker that calls from now on is told so."""
         for run in self._runs.values():
             run._complete = True
+            run.phases.drop_ahead()
             self._share.remove(run.key)
         self._completion.mark()
 

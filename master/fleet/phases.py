@@ -183,6 +183,8 @@ class PhaseLoop:
         self.worker_s = 0.0
         """Seconds workers spent on this run's accepted results (each bounded by its lease's
         age), in this process."""
+        self.played_ahead = 0
+        """Tasks a phase found done when it began, played ahead of it, in this process."""
         self._interrupted: dict[str, tuple[tuple[float, ...], int]] = {}
         self._interrupted_extras: dict[str, TaskExtras] = {}
         self._observations: ObservationStats | None = None
@@ -311,6 +313,7 @@ class PhaseLoop:
         ):
             log.warning("the tasks played ahead are not this phase's: played again")
             return None
+        self.played_ahead += ahead.counters.done
         ahead.add(rest)
         self._observations = self._ahead_observations
         return ahead

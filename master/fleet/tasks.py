@@ -20,23 +20,38 @@ from neuro.envs.behaviour import behaviour_range
 from neuro.v1 import evolution_pb2 as pb
 from neuro.wire import ATARI_DYNAMICS_TO_WIRE
 
+FIXED_VERSION = 2**62
+"""The version a fixed vector is served under (ParameterStore.fix): no update reaches it."""
+
 
 class ParameterStore:
     """The ES's current parameters as wire bytes and sha256, computed once per version.
 
     With observation normalisation the bytes are theta, then the observation mean and std.
+    A fixed vector (the best elite's, for the final test) is served beside them.
     """
 
     def __init__(self, current: Callable[[], Parameters]) -> None:
         self._current = current
         self._cached: tuple[int, bytes, str] | None = None
+        self._fixed: tuple[int, bytes, str] | None = None
+
+    def fix(self, vector: Any) -> int:
+        """Serves `vector` (float32: theta, then any observation mean and std) as a version of
+        its own, FIXED_VERSION, from now on; returns that version."""
+        data = vector.astype("<f4").tobytes()
+        self._fixed = (FIXED_VERSION, data, hashlib.sha256(data).hexdigest())
+        return FIXED_VERSION
 
     def observation_norm(self) -> tuple[Any, Any] | None:
         """The current version's observation (mean, std), if the run normalises observations."""
         return self._current().observation_norm
 
     def get(self, version: int | None = None) -> tuple[int, bytes, str] | None:
-        """(version, float32 little-endian bytes, sha256); None if `version` is not current."""
+        """(version, float32 little-endian bytes, sha256); None if `version` is neither current
+        nor the fixed one."""
+        if self._fixed is not None and version == self._fixed[0]:
+            return self._fixed
         parameters = self._current()
         if version is not None and version != parameters.version:
             return None

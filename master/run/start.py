@@ -12,7 +12,7 @@ import math
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from master.algorithms import registry
 from master.config import RunConfig
 from master.fleet.auth import BoundedHealthServicer, TokenInterceptor, connection_options
-from master.fleet.fleet import Fleet
+from master.fleet.fleet import Fleet, RunFleet
 from master.fleet.phases import FleetSettings
 from master.fleet.service import (
     MAX_REQUEST_BYTES,
@@ -31,11 +31,12 @@ from master.fleet.service import (
     EvolutionService,
     add_to_server,
 )
-from master.fleet.tasks import ParameterStore, task_template
+from master.fleet.tasks import ParameterStore, TaskTemplate, task_template
 from master.observe.events import GenerationRecord, Observer
 from master.observe.progress import ProgressObserver, is_terminal, notice_stream
 from master.observe.tensorboard import TensorBoardObserver
 from master.run.algorithm_setup import behaviour_size_of, build_algorithm
+from master.run.final_test import FinalTest, best_elite
 from master.run.local_workers import LOG_FILE as LOCAL_WORKERS_LOG
 from master.run.local_workers import LocalWorkers
 from master.run.rundir import RunDirectory
@@ -117,6 +118,11 @@ class RunOptions:
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     """Set: Prometheus /metrics is served on metrics_host:metrics_port."""
+    overlap: bool = False
+    """Play the next phase's requests the algorithm already knows while a phase runs (the
+    same results; neuro-master's default, --no-overlap)."""
+    test_episodes: int = 0
+    """The best elite's fresh episodes once the budget is spent (final_test.json); 0: none."""
 
     def __post_init__(self) -> None:
         # 0 or less: a checkpoint-and-fsync (or sync) busy loop; NaN: never.
@@ -137,19 +143,42 @@ async def start_master(
     checkpoint_seconds: float = 30.0,
     token: str | None = None,
     tls: tuple[bytes, bytes] | None = None,
+    overlap: bool = False,
+    test_episodes: int = 0,
 ) -> Master:
     """Binds the server (port 0 picks a free one) and prepares the trainer; does not train.
 
     `options` are gRPC channel arguments for the server (e.g. ("grpc.max_concurrent_streams", 8)).
     `resume` is a checkpoint payload (see resume_config): the run continues where it stopped.
     `token`: every call but the health check must carry it (master.fleet.auth). `tls`: (certificate
-    chain, private key) PEM; the port then speaks only TLS.
+    chain, private key) PEM; the port then speaks only TLS. `overlap` and `test_episodes`: see
+    RunOptions.
     """
     if port != 0 and _in_use(host, port):
         # Before the trainer: a second master on a busy port leaves its run dir as it was.
         raise OSError(f"could not listen on {host}:{port}: {_IN_USE}")
     file_limit = raise_open_file_limit()
-    trainer, parameters = _build_trainer(config, run_dir, out, resume, checkpoint_seconds)
+    built = build_run(config, run_dir, Fleet, _observers(config, out), resume,
+                      checkpoint_seconds, overlap, test_episodes)  # fmt: skip
+    server = serving_server(options, file_limit, token)
+    # Not the generated add_EvolutionServicer_to_server: unparsable bytes get INVALID_ARGUMENT.
+    fleet = built.trainer.fleet
+    assert isinstance(fleet, Fleet), "a single run's trainer has the fleet to itself"
+    service = EvolutionService(fleet, built.template, built.trainer.snapshot)
+    add_to_server(service, server)
+    health_servicer = BoundedHealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = _bind(server, host, port, tls)
+    await server.start()
+    for name in (SERVICE_NAME, ""):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return Master(server, bound, built.trainer, health_servicer)
+
+
+def serving_server(
+    options: Sequence[tuple[str, Any]], file_limit: int, token: str | None
+) -> grpc.aio.Server:
+    """The master's gRPC server, not yet bound: its limits and options, and the token check."""
     interceptors = [TokenInterceptor(token)] if token is not None else None
     # An explicit cap (gRPC's default): a bigger message gets RESOURCE_EXHAUSTED. No
     # SO_REUSEPORT (gRPC sets it by default): a second master on this port must fail to bind,
@@ -160,18 +189,7 @@ async def start_master(
     server_options = dict([("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
                            ("grpc.so_reuseport", 0), *PRESENCE_OPTIONS,
                            *connection_options(file_limit), *options])  # fmt: skip
-    server = grpc.aio.server(options=list(server_options.items()), interceptors=interceptors)
-    # Not the generated add_EvolutionServicer_to_server: unparsable bytes get INVALID_ARGUMENT.
-    template = task_template(config, parameters, trainer.fleet.settings.behaviour_size)
-    service = EvolutionService(trainer.fleet, template, trainer.snapshot)
-    add_to_server(service, server)
-    health_servicer = BoundedHealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = _bind(server, host, port, tls)
-    await server.start()
-    for name in (SERVICE_NAME, ""):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Master(server, bound, trainer, health_servicer)
+    return grpc.aio.server(options=list(server_options.items()), interceptors=interceptors)
 
 
 def raise_open_file_limit() -> int:
@@ -191,25 +209,38 @@ def raise_open_file_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else DEFAULT_FILE_LIMIT * 1024
 
 
-def _build_trainer(
+@dataclass(frozen=True)
+class BuiltRun:
+    """A run ready to train: its trainer and the template its tasks are built from."""
+
+    trainer: Trainer
+    template: TaskTemplate
+
+
+def build_run(
     config: RunConfig,
     run_dir: Path,
-    out: TextIO | None,
+    fleet_for: Callable[[FleetSettings], Fleet | RunFleet],
+    observers: Sequence[Observer],
     resume: dict[str, Any] | None,
     checkpoint_seconds: float,
-) -> tuple[Trainer, ParameterStore | None]:
-    """The run's trainer over a fresh fleet, and the parameter store workers fetch (if any)."""
+    overlap: bool = False,
+    test_episodes: int = 0,
+) -> BuiltRun:
+    """A run's trainer, over the fleet `fleet_for` gives its settings (a new Fleet for a single
+    run, a study fleet's RunFleet), with TensorBoard and `observers`; and its task template."""
     directory = RunDirectory(run_dir)
     directory.write_config(config.to_dict())
     algorithm = build_algorithm(config, directory.path, resume)
-    fleet = Fleet(
+    behaviour_size = behaviour_size_of(config) if algorithm.needs_behaviours else 0
+    fleet = fleet_for(
         FleetSettings(
             run_id=config.run_id,
             run_seed=config.seed,
             lease_seconds=config.lease_seconds,
             max_attempts=config.max_task_attempts,
             episodes_per_task=config.episodes_per_task,
-            behaviour_size=behaviour_size_of(config) if algorithm.needs_behaviours else 0,
+            behaviour_size=behaviour_size,
         )
     )
     # Workers fetch the shared parameter vector of an algorithm that has one (the ES's theta).
@@ -219,6 +250,8 @@ def _build_trainer(
     document = functools.partial(registry.get(config.algorithm).elite_document, config)
     if resume is not None:
         directory.truncate_metrics(algorithm.generation)
+    fix = parameters.fix if parameters is not None else None
+    final_test = FinalTest(test_episodes, functools.partial(best_elite, directory.path, fix))
     trainer = Trainer(
         algorithm,
         fleet,
@@ -226,26 +259,27 @@ def _build_trainer(
         directory,
         document,
         config.env_id,
-        observers=_observers(config, directory, out),
+        observers=[TensorBoardObserver(directory.path / "tensorboard"), *observers],
         config=config.to_dict(),
         checkpoint_seconds=checkpoint_seconds,
         resume=resume,
+        overlap=overlap,
+        final_test=final_test if test_episodes > 0 else None,
     )
-    return trainer, parameters
+    return BuiltRun(trainer, task_template(config, parameters, behaviour_size))
 
 
-def _observers(config: RunConfig, directory: RunDirectory, out: TextIO | None) -> list[Observer]:
-    """TensorBoard always; progress lines when there is somewhere to print them."""
-    observers: list[Observer] = [TensorBoardObserver(directory.path / "tensorboard")]
-    if out is not None:
-        progress = ProgressObserver(
-            out,
-            generations=config.generations,
-            frames=config.frames,
-            episodes_per_task=config.episodes_per_task,
-        )
-        observers.append(progress)
-    return observers
+def _observers(config: RunConfig, out: TextIO | None) -> list[Observer]:
+    """Progress lines when there is somewhere to print them."""
+    if out is None:
+        return []
+    progress = ProgressObserver(
+        out,
+        generations=config.generations,
+        frames=config.frames,
+        episodes_per_task=config.episodes_per_task,
+    )
+    return [progress]
 
 
 def _bind(server: grpc.aio.Server, host: str, port: int, tls: tuple[bytes, bytes] | None) -> int:
@@ -326,7 +360,8 @@ async def run_master(
     options = options or RunOptions()
     master = await start_master(config, run_dir, serve.host, serve.port, options.out,
                                 resume=resume, checkpoint_seconds=options.checkpoint_seconds,
-                                token=serve.token, tls=serve.tls)  # fmt: skip
+                                token=serve.token, tls=serve.tls, overlap=options.overlap,
+                                test_episodes=options.test_episodes)  # fmt: skip
     companions = await _start_companions(master, run_dir, serve, options)
     out = options.out
     if out is not None:

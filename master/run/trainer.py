@@ -1,6 +1,11 @@
 """The master's loop: ask the algorithm -> evaluate on the fleet -> tell.
 
 Observers (master.observe.events) record the rest; the loop never knows which algorithm runs.
+While a phase runs, the requests the algorithm already knows of the next phase
+(Algorithm.ask_ahead: the GA's next offspring during its elite phase) are played at lower
+priority, and the next phase takes their results: the same episodes, the same results, less
+waiting on a phase's slowest task. Once the budget is spent, the run's best elite plays its
+final test (master.run.final_test).
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from master.algorithms.base import OFFSPRING, Algorithm, GenerationSummary
-from master.fleet.fleet import Fleet
+from master.algorithms.base import OFFSPRING, Algorithm, EvaluationRequest, GenerationSummary
+from master.fleet.fleet import Fleet, RunFleet
 from master.fleet.phases import PhaseOutcome, TaskExtras
 from master.observe.events import GenerationRecord, Observer, RunSnapshot
 from master.run.checkpoint import ALGORITHM, save_checkpoint, save_sidecar
+from master.run.final_test import FinalTest, final_test_document, tested, write_final_test
 from master.run.rundir import RunDirectory
 
 log = logging.getLogger(__name__)
@@ -73,7 +79,7 @@ class Trainer:
     def __init__(
         self,
         algorithm: Algorithm,
-        fleet: Fleet,
+        fleet: Fleet | RunFleet,
         budget: Budget,
         run_dir: RunDirectory,
         genome_document: Callable[[Any], dict[str, Any]],
@@ -83,7 +89,11 @@ class Trainer:
         config: dict[str, Any] | None = None,
         checkpoint_seconds: float = 30.0,
         resume: dict[str, Any] | None = None,
+        overlap: bool = False,
+        final_test: FinalTest | None = None,
     ) -> None:
+        """`overlap`: play the next phase's requests ahead (False: a barrier between phases).
+        `final_test`: the best elite's fresh episodes once the budget is spent (None: none)."""
         self.algorithm = algorithm
         self.fleet = fleet
         self.budget = budget
@@ -110,6 +120,10 @@ class Trainer:
         self._generation_start = (0, 0, 0)
         self._recorded: dict[str, tuple[list[float], int]] = {}
         self._recorded_extras: dict[str, TaskExtras] = {}
+        self.overlap = overlap
+        self.final_test = final_test
+        self._worker_s_before = 0.0
+        """Worker-seconds of the run's earlier master processes (from the checkpoint)."""
         if resume is not None:
             self._restore(resume)
 
@@ -119,6 +133,7 @@ class Trainer:
         self.evaluations = trainer["evaluations"]
         self._started = self.clock() - trainer["wall_s"]
         self._generation_start = tuple(trainer["generation_start"])
+        self._worker_s_before = float(trainer.get("worker_s", 0.0))  # absent before the field
         self.fleet.restore_counters(leases_reissued=trainer["leases_reissued"])
         self._recorded = {
             task_id: ([math.nan if r is None else r for r in returns], frames)
@@ -133,6 +148,10 @@ class Trainer:
     def wall_s(self) -> float:
         """Seconds the run has trained, across restarts."""
         return self.clock() - self._started
+
+    def worker_s(self) -> float:
+        """Seconds workers spent on the run's accepted results, across restarts."""
+        return self._worker_s_before + self.fleet.worker_s
 
     def checkpoint_payload(self) -> dict[str, Any]:
         """Everything needed to continue: algorithm, counters, and the running phase's results.
@@ -152,6 +171,7 @@ class Trainer:
                 "wall_s": self.clock() - self._started,
                 "generation_start": list(self._generation_start),
                 "leases_reissued": self.fleet.counters().reissued,
+                "worker_s": self.worker_s(),
             },
             "phase_recorded": recorded,
             "phase_extras": {
@@ -262,6 +282,8 @@ class Trainer:
         try:
             while not self._budget_spent():
                 await self._generation()
+            self.fleet.drop_ahead()
+            await self._play_final_test()
             self.fleet.complete_run()
         finally:
             periodic.cancel()
@@ -275,6 +297,38 @@ class Trainer:
         algorithm = self.algorithm
         return self.budget.exhausted(algorithm.generation, self.frames, algorithm.elite_score)
 
+    def _ahead(self) -> list[EvaluationRequest]:
+        """The next phase's requests to play ahead: none without the overlap, nor where the
+        generations budget ends with this generation (nobody would ask for them)."""
+        if not self.overlap:
+            return []
+        generations = self.budget.generations
+        if generations is not None and self.algorithm.generation + 1 >= generations:
+            return []
+        return self.algorithm.ask_ahead()
+
+    async def _play_final_test(self) -> None:
+        """The best elite's fresh episodes, once (a resumed run that played them plays nothing);
+        their frames and episodes are not the training budget's. Checkpointed as a phase is:
+        a resumed test keeps what it recorded."""
+        test = self.final_test
+        if test is None or test.episodes < 1 or tested(self.run_dir.path):
+            return
+        # The last generation's elite files first: the best elite is read from the run dir.
+        await self.checkpoint()
+        candidate = test.candidate()
+        if candidate is None:
+            log.warning("run %s has no elite to test", self.run_dir.path)
+            return
+        recorded, self._recorded = self._recorded, {}
+        extras, self._recorded_extras = self._recorded_extras, {}
+        outcome = await self.fleet.evaluate([test.request(candidate)], recorded, extras)
+        (returns,) = outcome.returns.values()
+        document = final_test_document(candidate, returns, outcome.frames)
+        await asyncio.to_thread(write_final_test, self.run_dir.path, document)
+        log.info("run %s: final test of %d episodes, mean %s", self.run_dir.path,
+                 document["episodes"], document["mean"])  # fmt: skip
+
     async def _generation(self) -> None:
         if self.algorithm.phase == OFFSPRING and not self._recorded:
             self._generation_start = (
@@ -286,7 +340,9 @@ class Trainer:
         while summary is None:
             recorded, self._recorded = self._recorded, {}
             extras, self._recorded_extras = self._recorded_extras, {}
-            outcome = await self.fleet.evaluate(self.algorithm.ask(), recorded, extras)
+            outcome = await self.fleet.evaluate(
+                self.algorithm.ask(), recorded, extras, ahead=self._ahead()
+            )
             self.frames += outcome.frames
             self.evaluations += outcome.episodes
             tail.add(outcome)
@@ -387,6 +443,7 @@ class Trainer:
             backup_tasks=tail.backups,
             backup_wins=tail.wins,
             workers_lost=tail.workers_lost,
+            worker_s=round(self.worker_s(), 3),
         )
 
     def snapshot(self, workers: bool = False) -> RunSnapshot:
@@ -412,6 +469,7 @@ class Trainer:
             wall_s=self.wall_s(),
             last_record=self.records[-1] if self.records else None,
             worker_status=fleet.worker_stats,
+            worker_s=self.worker_s(),
         )
 
 
