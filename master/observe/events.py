@@ -20,8 +20,8 @@ from neuro.runfiles import seeds_sha256
 
 @dataclass(frozen=True)
 class GenerationRecord:
-    """One line of metrics.jsonl: at most 690 bytes for the GA (ES: 800; GA-NS: 850; NS-ES:
-    1000), whatever the generation.
+    """One line of metrics.jsonl: at most 730 bytes for the GA (ES: 840; GA-NS: 890; NS-ES:
+    1040), whatever the generation.
 
     The elite's seed list grows by a seed a generation, so the line names it by sha256 and
     length (elite_sha256, elite_length); the list is in the run dir's genomes/<sha256>.json.
@@ -55,6 +55,9 @@ class GenerationRecord:
     """Tasks whose recorded result came from their backup copy."""
     workers_lost: int = 0
     """Workers whose connection closed while they held leases, which were ended at once."""
+    worker_s: float = 0.0
+    """Cumulative seconds workers spent on the run's accepted results (each as the worker
+    measured it, bounded by its lease's age), across restarts: the run's worker-seconds."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The algorithm's own figures (ES: theta_rank, ...), written beside the common ones."""
 
@@ -101,6 +104,8 @@ class RunSnapshot:
     last_record: GenerationRecord | None = None
     worker_status: tuple[WorkerStats, ...] = ()
     """Per-worker figures; empty unless the snapshot was taken with the worker table."""
+    worker_s: float = 0.0
+    """Seconds workers spent on the run's accepted results so far, across restarts."""
 
 
 RunState = Literal["queued", "running", "complete", "failed"]
