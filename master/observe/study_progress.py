@@ -229,11 +229,14 @@ class StudyProgress:
             raise ValueError(f"a run's state is one of {RUN_STATES}, not {state!r}")
         if self.quiet or self._states.get(name) == state:
             return
+        first = name not in self._states
         self._states[name] = state
         if not self.interactive:
             self._out.line(state_json(name, state, error))
             return
-        if state != "queued":  # a queued run is a row, not news
+        # A run's first state is where it stood when the study (re)started: a row, not news;
+        # so is a run that waits its turn.
+        if not first and state != "queued":
             self._above(state_notice(name, state, error))
         self._start_ticker()
 

@@ -266,7 +266,8 @@ def read_available(fd: int) -> str:
 
 
 def test_a_terminal_gets_one_table_redrawn_in_place() -> None:
-    study = StandInStudy([view_of(f"run-{i}", "queued", seed=i) for i in range(3)], utilisation=0.5)
+    runs = [view_of(f"run-{i}", "queued", seed=i) for i in range(3)]
+    study = StandInStudy([*runs, view_of("done-before", "complete", seed=3)], utilisation=0.5)
 
     during: list[str] = []
 
@@ -276,6 +277,7 @@ def test_a_terminal_gets_one_table_redrawn_in_place() -> None:
         written = []
         for name in ("run-0", "run-1", "run-2"):
             progress.run_state(name, "queued")  # a row, no notice
+        progress.run_state("done-before", "complete")  # so was it when the study started
         study.views[0] = view_of("run-0", "running", snapshot(generation=0, frames=0), seed=0)
         progress.run_state("run-0", "running")
         observer = progress.observer_for("run-0", generations=10)
@@ -316,13 +318,14 @@ def test_a_terminal_gets_one_table_redrawn_in_place() -> None:
         "run run-1 failed: boom",
         "run run-2 complete",
     ]
-    table = [line.split() for line in shown[4:9]]
+    table = [line.split() for line in shown[4:10]]
     assert table[0][:2] == ["run", "env"]
     assert table[1] == ["run-0", "CartPole-v1", "0", "3", "3.00k", "487.2", "-", "complete"]
     assert table[2] == ["run-1", "CartPole-v1", "1", "-", "-", "-", "-", "failed"]
     assert table[3] == ["run-2", "CartPole-v1", "2", "9", "12.0k", "21.5", "-", "complete"]
-    assert shown[8] == "fleet: workers 2 | busy 50% | runs 2 complete, 1 failed"
-    assert shown[9:] == ["run run-2 failed: late", ""]
+    assert table[4] == ["done-before", "CartPole-v1", "3", "-", "-", "-", "-", "complete"]
+    assert shown[9] == "fleet: workers 2 | busy 50% | runs 3 complete, 1 failed"
+    assert shown[10:] == ["run run-2 failed: late", ""]
     # While it ran: the ETA of the running run (7 generations at 2 s, counted down).
     [row] = [line.split() for line in screen(during[0]) if line.startswith("run-0 ")]
     assert row[3:5] == ["3", "3.00k"] and row[-1] == "running"
