@@ -500,8 +500,11 @@ def _lock_error(run_dir: Path, error: Exception) -> str:
 
 def _study_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """--study: the study file and its dir checked (exit 2, naming the run and the value); with
-    --dry-run its runs are printed. Serving them is not built yet: exit 1 saying so."""
+    --dry-run its runs are printed, else served (master.run.study_master) holding the study
+    dir's lock: 0 once every run is complete, 1 if one failed or the master could not serve,
+    128 + N on signal N (the same command resumes the study)."""
     from master.run.local_workers import batched_local_workers, listed_gpus
+    from master.run.rundir import RunDirInUse, run_dir_lock
     from master.study.file import StudyError, load_study
     from master.study.listing import study_listing
     from master.study.studydir import StudyDir, StudyDirError
@@ -509,6 +512,9 @@ def _study_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     if args.study is None:
         parser.error("--dry-run goes with --study FILE|NAME")
     _refuse_run_flags(parser, args)
+    if args.s3_uri is not None and not args.dry_run:
+        logging.warning("--s3-uri: a study's dirs are not mirrored to S3; the study dir %s "
+                        "holds them", args.study_dir or "studies/STUDY")  # fmt: skip
     batched = batched_local_workers(args.worker_arg, args.local_workers, listed_gpus())
     try:
         study = load_study(args.study, batched)
@@ -516,11 +522,79 @@ def _study_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         plan = study_dir.plan(study)
     except (StudyError, StudyDirError) as error:
         parser.error(str(error))
-    if not args.dry_run:
-        print("neuro-master: serving a study is not built yet; --dry-run checks it and lists "
-              "its runs", file=sys.stderr)  # fmt: skip
+    if args.dry_run:
+        print("\n".join(study_listing(study, study_dir, plan)))
+        return 0
+    token, tls = _security(parser, args)
+    with contextlib.ExitStack() as held:
+        try:
+            # Held while the study is served: one master per study dir.
+            held.enter_context(run_dir_lock(study_dir.path))
+            # Decided under the lock: the master that held it may have moved runs on.
+            plan = study_dir.open(study)
+        except (RunDirInUse, OSError) as error:
+            print(f"neuro-master: {_lock_error(study_dir.path, error)}", file=sys.stderr)
+            return 1
+        except StudyDirError as error:
+            parser.error(str(error))
+        return _serve_study(args, study, study_dir, plan, token, tls)
+
+
+def _serve_study(
+    args: argparse.Namespace,
+    study: Any,
+    study_dir: Any,
+    plan: Any,
+    token: str | None,
+    tls: tuple[bytes, bytes] | None,
+) -> int:
+    """Serves the opened study to its end; the exit status _study_main describes."""
+    from master.run import start
+    from master.run.local_workers import (
+        describe_local_workers,
+        listed_gpus,
+        local_worker_args,
+        pinned_cpus,
+        study_placement,
+    )
+    from master.run.study import StudyRunPlan
+    from master.run.study_master import StudyServing, run_study
+
+    plans = [
+        StudyRunPlan(run.name, run.env, run.seed, run.label, run.config, run.test_episodes,
+                     study_dir.run_dir(run.name), plan.states[run.name])
+        for run in study.runs
+    ]  # fmt: skip
+    networks = [(run.config.inference_dtype, run.config.architecture) for run in study.runs]
+    placement = (args.worker_arg, args.local_workers, *study_placement(networks))
+    worker_cpus = pinned_cpus(args.pin_workers, *placement)
+    if args.local_workers:
+        logging.info(describe_local_workers(*placement, worker_cpus, listed_gpus()))
+    options = start.RunOptions(
+        local_workers=args.local_workers,
+        worker_args=local_worker_args(*placement),
+        worker_cpus=worker_cpus,
+        out=None if args.quiet else sys.stdout,
+        checkpoint_seconds=args.checkpoint_seconds,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        overlap=args.overlap,
+    )
+    serving = StudyServing(study.name, plans, study_dir, study.max_concurrent_runs,
+                           study_dir.path)  # fmt: skip
+    serve = start.ServeOptions(args.host, args.port, token, tls)
+    try:
+        states = asyncio.run(run_study(serving, serve, options))
+    except (OSError, RuntimeError) as error:
+        print(f"neuro-master: {error}", file=sys.stderr)
+        return getattr(error, "exit_code", 1)  # stopped unfinished: start.RunStopped
+    failed = [name for name, state in states.items() if state == "failed"]
+    if failed:
+        errors = "; ".join(f"{name}: {study_dir.error(name) or 'failed'}" for name in failed)
+        print(f"neuro-master: {len(failed)} of the study's {len(states)} runs failed ({errors}); "
+              "the others are complete. A failed run stays failed while its run dir exists: "
+              "remove it and start the study again to run it anew", file=sys.stderr)  # fmt: skip
         return 1
-    print("\n".join(study_listing(study, study_dir, plan)))
     return 0
 
 

@@ -115,6 +115,13 @@ def _per_core_workers(count: int, inference_dtype: str, architecture: str) -> bo
     return count > 1 or not batched_runs(inference_dtype, architecture)
 
 
+def study_placement(networks: Sequence[tuple[str, str]]) -> tuple[str, str]:
+    """The (inference dtype, architecture) that places a study's local workers, among its
+    runs' (each a run's dtype and network): one the batched worker cannot run, if any, so
+    that every run's tasks can run on them (per-core CPU workers); else the first."""
+    return next((n for n in networks if not batched_runs(*n)), networks[0])
+
+
 def local_worker_cpus(
     worker_arg: Sequence[str],
     count: int,

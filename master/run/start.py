@@ -4,44 +4,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import errno
-import functools
 import logging
 import math
 import signal
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from master.algorithms import registry
 from master.config import RunConfig
 from master.fleet.auth import BoundedHealthServicer, TokenInterceptor, connection_options
-from master.fleet.fleet import Fleet, RunFleet
-from master.fleet.phases import FleetSettings
+from master.fleet.fleet import Fleet
 from master.fleet.service import (
     MAX_REQUEST_BYTES,
     PRESENCE_OPTIONS,
     EvolutionService,
     add_to_server,
 )
-from master.fleet.tasks import ParameterStore, TaskTemplate, task_template
 from master.observe.events import GenerationRecord, Observer
 from master.observe.progress import ProgressObserver, is_terminal, notice_stream
-from master.observe.tensorboard import TensorBoardObserver
-from master.run.algorithm_setup import behaviour_size_of, build_algorithm
-from master.run.final_test import FinalTest, best_elite
 from master.run.local_workers import LOG_FILE as LOCAL_WORKERS_LOG
 from master.run.local_workers import LocalWorkers
-from master.run.rundir import RunDirectory
+from master.run.run_setup import build_run, resume_config
 from master.run.s3_mirror import FINAL_SYNC_TIMEOUT_S, MirrorLoop, RunDirMirror, status_document
-from master.run.trainer import Budget, Trainer
+from master.run.trainer import Trainer
+
+__all__ = ["Master", "RunOptions", "RunStopped", "ServeOptions", "resume_config", "run_master",
+           "start_master"]  # fmt: skip
 from neuro.wire import SERVICE_NAME
 
 if TYPE_CHECKING:
@@ -62,12 +57,33 @@ class Master:
     trainer: Trainer
     health: health.aio.HealthServicer
 
+    @property
+    def fleet(self) -> Fleet:
+        fleet = self.trainer.fleet
+        assert isinstance(fleet, Fleet), "a single run's trainer has the fleet to itself"
+        return fleet
+
     async def stop(self, grace: float = SHUTDOWN_GRACE_S) -> None:
-        await self.health.enter_graceful_shutdown()
-        # Presence calls never end on their own: ended here they finish within the grace;
-        # cut by server.stop at its end, gRPC logs each as an unhandled CancelledError.
-        self.trainer.fleet.close_presence()
-        await self.server.stop(grace)
+        await stop_server(self.server, self.health, self.fleet, grace)
+
+
+async def stop_server(
+    server: grpc.aio.Server, health: health.aio.HealthServicer, fleet: Fleet, grace: float
+) -> None:
+    """Says NOT_SERVING, ends the presence calls and stops the server within `grace`."""
+    await health.enter_graceful_shutdown()
+    # Presence calls never end on their own: ended here they finish within the grace;
+    # cut by server.stop at its end, gRPC logs each as an unhandled CancelledError.
+    fleet.close_presence()
+    await server.stop(grace)
+
+
+class Serving(Protocol):
+    """A running master as its shutdown sees it: a single run's (Master) or a study's."""
+
+    @property
+    def fleet(self) -> Fleet: ...
+    async def stop(self, grace: float = SHUTDOWN_GRACE_S) -> None: ...
 
 
 class RunStopped(RuntimeError):
@@ -78,14 +94,6 @@ class RunStopped(RuntimeError):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def resume_config(payload: dict[str, Any], **budget: Any) -> RunConfig:
-    """The checkpointed run's settings; only the budget (generations, frames, target) may change."""
-    unknown = set(budget) - {"generations", "frames", "target_score"}
-    if unknown:
-        raise ValueError(f"a resumed run keeps its settings; cannot change {sorted(unknown)}")
-    return dataclasses.replace(RunConfig.from_dict(payload["config"]), **budget)
 
 
 @dataclass(frozen=True)
@@ -154,9 +162,9 @@ async def start_master(
     chain, private key) PEM; the port then speaks only TLS. `overlap` and `test_episodes`: see
     RunOptions.
     """
-    if port != 0 and _in_use(host, port):
+    if port != 0 and port_in_use(host, port):
         # Before the trainer: a second master on a busy port leaves its run dir as it was.
-        raise OSError(f"could not listen on {host}:{port}: {_IN_USE}")
+        raise OSError(f"could not listen on {host}:{port}: {IN_USE}")
     file_limit = raise_open_file_limit()
     built = build_run(config, run_dir, Fleet, _observers(config, out), resume,
                       checkpoint_seconds, overlap, test_episodes)  # fmt: skip
@@ -168,7 +176,7 @@ async def start_master(
     add_to_server(service, server)
     health_servicer = BoundedHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = _bind(server, host, port, tls)
+    bound = bind_port(server, host, port, tls)
     await server.start()
     for name in (SERVICE_NAME, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -209,66 +217,6 @@ def raise_open_file_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else DEFAULT_FILE_LIMIT * 1024
 
 
-@dataclass(frozen=True)
-class BuiltRun:
-    """A run ready to train: its trainer and the template its tasks are built from."""
-
-    trainer: Trainer
-    template: TaskTemplate
-
-
-def build_run(
-    config: RunConfig,
-    run_dir: Path,
-    fleet_for: Callable[[FleetSettings], Fleet | RunFleet],
-    observers: Sequence[Observer],
-    resume: dict[str, Any] | None,
-    checkpoint_seconds: float,
-    overlap: bool = False,
-    test_episodes: int = 0,
-) -> BuiltRun:
-    """A run's trainer, over the fleet `fleet_for` gives its settings (a new Fleet for a single
-    run, a study fleet's RunFleet), with TensorBoard and `observers`; and its task template."""
-    directory = RunDirectory(run_dir)
-    directory.write_config(config.to_dict())
-    algorithm = build_algorithm(config, directory.path, resume)
-    behaviour_size = behaviour_size_of(config) if algorithm.needs_behaviours else 0
-    fleet = fleet_for(
-        FleetSettings(
-            run_id=config.run_id,
-            run_seed=config.seed,
-            lease_seconds=config.lease_seconds,
-            max_attempts=config.max_task_attempts,
-            episodes_per_task=config.episodes_per_task,
-            behaviour_size=behaviour_size,
-        )
-    )
-    # Workers fetch the shared parameter vector of an algorithm that has one (the ES's theta).
-    parameters = (
-        ParameterStore(algorithm.parameters) if algorithm.parameters() is not None else None
-    )
-    document = functools.partial(registry.get(config.algorithm).elite_document, config)
-    if resume is not None:
-        directory.truncate_metrics(algorithm.generation)
-    fix = parameters.fix if parameters is not None else None
-    final_test = FinalTest(test_episodes, functools.partial(best_elite, directory.path, fix))
-    trainer = Trainer(
-        algorithm,
-        fleet,
-        Budget(config.generations, config.frames, config.target_score),
-        directory,
-        document,
-        config.env_id,
-        observers=[TensorBoardObserver(directory.path / "tensorboard"), *observers],
-        config=config.to_dict(),
-        checkpoint_seconds=checkpoint_seconds,
-        resume=resume,
-        overlap=overlap,
-        final_test=final_test if test_episodes > 0 else None,
-    )
-    return BuiltRun(trainer, task_template(config, parameters, behaviour_size))
-
-
 def _observers(config: RunConfig, out: TextIO | None) -> list[Observer]:
     """Progress lines when there is somewhere to print them."""
     if out is None:
@@ -282,7 +230,9 @@ def _observers(config: RunConfig, out: TextIO | None) -> list[Observer]:
     return [progress]
 
 
-def _bind(server: grpc.aio.Server, host: str, port: int, tls: tuple[bytes, bytes] | None) -> int:
+def bind_port(
+    server: grpc.aio.Server, host: str, port: int, tls: tuple[bytes, bytes] | None
+) -> int:
     """Adds the listening port (TLS-only when `tls` is set); the port bound, or OSError saying
     why not (an address in use: another master, or another program, listens there)."""
     address = f"{host}:{port}"
@@ -297,18 +247,18 @@ def _bind(server: grpc.aio.Server, host: str, port: int, tls: tuple[bytes, bytes
         bound = 0
     if bound == 0:
         error = _bind_error(host, port)
-        why = _IN_USE if error is not None and error.errno == errno.EADDRINUSE else (
+        why = IN_USE if error is not None and error.errno == errno.EADDRINUSE else (
             (error.strerror or str(error)) if error is not None else "gRPC refused the address"
         )  # fmt: skip
         raise OSError(f"could not listen on {address}: {why}")
     return bound
 
 
-_IN_USE = ("address already in use: another master (or another program) listens there; stop "
+IN_USE = ("address already in use: another master (or another program) listens there; stop "
            "it or give another --port")  # fmt: skip
 
 
-def _in_use(host: str, port: int) -> bool:
+def port_in_use(host: str, port: int) -> bool:
     """Whether another socket listens on host:port (the common case of a failing bind, found
     before the trainer is built: an ES run's noise table may take minutes)."""
     error = _bind_error(host, port)
@@ -334,7 +284,7 @@ def _bind_error(host: str, port: int) -> OSError | None:
 
 
 @dataclass
-class _Companions:
+class Companions:
     """What runs beside a master's server and must be closed with it."""
 
     workers: LocalWorkers
@@ -395,30 +345,34 @@ async def run_master(
         except asyncio.CancelledError:
             if out is not None:
                 print("neuro master: stopping", file=notice_stream(out), flush=True)
-            _raise_if_unfinished(signalled, companions.workers)
+            raise_if_unfinished(signalled, companions.workers)
             return master.trainer.records  # cancelled by the caller, who knows why
         finally:
             watchdog.cancel()
     finally:
-        await _shut_down(master, companions)
+        await shut_down(master, companions)
 
 
-def _raise_if_unfinished(signalled: list[int], workers: LocalWorkers) -> None:
-    """RunStopped, saying why, where a signal or the local workers' exits stopped the run:
-    scripts and restart policies read the exit status."""
-    resume = "its run dir holds the checkpoint: start the master on it again to continue"
+def raise_if_unfinished(
+    signalled: list[int],
+    workers: LocalWorkers,
+    end: str = "the run's budget was spent",
+    resume: str = "its run dir holds the checkpoint: start the master on it again to continue",
+) -> None:
+    """RunStopped, saying why, where a signal or the local workers' exits stopped the run (or
+    the study) before its `end`: scripts and restart policies read the exit status."""
     if workers.all_exited is not None:
-        raise RunStopped(f"every local worker exited (codes {workers.all_exited}) before the "
-                         f"run's budget was spent; {resume}")  # fmt: skip
+        raise RunStopped(f"every local worker exited (codes {workers.all_exited}) before "
+                         f"{end}; {resume}")  # fmt: skip
     if signalled:
         name = signal.Signals(signalled[0]).name
-        raise RunStopped(f"stopped by {name} before the run's budget was spent; {resume}",
+        raise RunStopped(f"stopped by {name} before {end}; {resume}",
                          exit_code=128 + signalled[0])  # fmt: skip
 
 
 async def _start_companions(
     master: Master, run_dir: Path, serve: ServeOptions, options: RunOptions
-) -> _Companions:
+) -> Companions:
     """Starts the metrics endpoint and S3 mirror, and prepares (not starts) the local workers."""
     metrics = None
     if options.metrics_port is not None:
@@ -450,17 +404,17 @@ async def _start_companions(
     workers = LocalWorkers(f"{connect_host}:{master.port}", options.local_workers,
                            options.worker_args, serve.token, options.worker_cpus,
                            log)  # fmt: skip
-    return _Companions(workers, metrics, syncer)
+    return Companions(workers, metrics, syncer)
 
 
-async def _shut_down(master: Master, companions: _Companions) -> None:
+async def shut_down(master: Serving, companions: Companions) -> None:
     """Lets workers learn the run is over, closes the companions, then stops the server."""
     loop = asyncio.get_running_loop()
     workers, metrics, syncer = companions.workers, companions.metrics, companions.syncer
-    if master.trainer.fleet.run_complete:
+    if master.fleet.run_complete:
         # Remote workers learn that the run is over only by calling: keep answering until
         # they have, for a bounded time (a signal cuts it short).
-        lingering = asyncio.ensure_future(master.trainer.fleet.linger())
+        lingering = asyncio.ensure_future(master.fleet.linger())
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signum, lingering.cancel)

@@ -3,6 +3,7 @@
     STUDY_DIR/study.toml       the study file as last started
     STUDY_DIR/study.json       its runs (name, env, seed, label, settings, budget, test
                                episodes) and each one's state: queued, running, complete, failed
+                               (with its error)
     STUDY_DIR/runs/<name>/     each run's own run dir, which every tool reads as any run's
 
 Starting a study again in its dir (the same command) resumes it (StudyDir.plan):
@@ -148,12 +149,20 @@ class StudyDir:
         plan = self.plan(study)
         self.path.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.study_file, study.text)
-        records = [{**run.record(), "state": plan.states[run.name]} for run in study.runs]
+        errors = {name: record.get("error") for name, record in self._records().items()}
+        records = []
+        for run in study.runs:
+            state = plan.states[run.name]
+            record = {**run.record(), "state": state}
+            if state == FAILED and errors.get(run.name):
+                record["error"] = errors[run.name]
+            records.append(record)
         self._write(study.name, study.max_concurrent_runs, records)
         return plan
 
-    def set_state(self, name: str, state: str) -> None:
-        """Records a run's new state in study.json; ValueError naming an unknown run or state."""
+    def set_state(self, name: str, state: str, error: str = "") -> None:
+        """Records a run's new state in study.json (a failed run's with its error);
+        ValueError naming an unknown run or state."""
         if state not in STATES:
             raise ValueError(f"a run's state is one of {STATES}, not {state!r}")
         document = self.read()
@@ -163,10 +172,23 @@ class StudyDir:
         for record in records:
             if record["name"] == name:
                 record["state"] = state
+                if state == FAILED and error:
+                    record["error"] = error
+                else:
+                    record.pop("error", None)
                 break
         else:
             raise ValueError(f"study {document['name']} has no run {name!r}")
         self._write(document["name"], document["max_concurrent_runs"], records)
+
+    def error(self, name: str) -> str:
+        """Why a failed run failed, as study.json records it ("" if it says nothing)."""
+        error = self._records().get(name, {}).get("error", "")
+        return error if isinstance(error, str) else ""
+
+    def _records(self) -> dict[str, dict[str, Any]]:
+        document = self.read()
+        return {} if document is None else {r["name"]: r for r in document["runs"]}
 
     def started(self, name: str) -> bool:
         """Whether the run's dir holds its config (the master writes it when the run starts)."""

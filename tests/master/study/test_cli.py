@@ -13,6 +13,7 @@ from master.cli import main
 from master.study.file import load_study
 from master.study.studydir import StudyDir
 from neuro.runfiles import CONFIG
+from tests.support.processes import worker_env
 
 BAD = """
 name = "bad"
@@ -124,12 +125,36 @@ def test_dry_run_goes_with_a_study_and_a_run_still_needs_its_env(
     assert "the following arguments are required: --env (or --study)" in refused([], capsys)
 
 
-def test_serving_a_study_is_not_built_yet(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+SMALL = """
+name = "small"
+max_concurrent_runs = 2
+test_episodes = 2
+[budget]
+no_target = true
+generations = 2
+[[grid]]
+envs = ["CartPole-v1", "neuro/Memorize-K10-v0"]
+seeds = [5]
+settings = { population_size = 6, truncation = 2, elite_candidates = 2, elite_episodes = 2 }
+"""
+
+
+def test_the_command_serves_a_study_to_its_end_and_the_same_command_again_finds_it_done(
+    tmp_path: Path, noise_cache: Path
 ) -> None:
-    assert main(["--study", "laptop"]) == 1
-    assert "serving a study is not built yet" in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "small.toml").write_text(SMALL)
+    command = [sys.executable, "-m", "master", "--study", "small.toml", "--local-workers", "2",
+               "--port", "0"]  # fmt: skip
+    for _ in range(2):
+        done = subprocess.run(command, cwd=tmp_path, env=worker_env(), capture_output=True,
+                              text=True, timeout=300, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        directory = StudyDir(tmp_path / "studies" / "small")
+        assert directory.states() == {"cartpole-v1-s5": "complete",
+                                      "neuro-memorize-k10-v0-s5": "complete"}  # fmt: skip
+    # Piped, the progress is JSON lines: each run's generations and states, named.
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert {line["run"] for line in lines} == {"cartpole-v1-s5", "neuro-memorize-k10-v0-s5"}
 
 
 def test_the_command_lists_the_paper_study(tmp_path: Path) -> None:
