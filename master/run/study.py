@@ -33,7 +33,7 @@ from master.fleet.fleet import Fleet, RunFleet
 from master.fleet.phases import FleetSettings
 from master.fleet.service import EvolutionService
 from master.observe.events import RUN_STATES, Observer, RunSnapshot, RunState, RunView
-from master.run.checkpoint import load_checkpoint
+from master.run.checkpoint import algorithm_section, load_checkpoint
 from master.run.final_test import tested
 from master.run.run_setup import build_run, resume_config
 from master.run.rundir import run_dir_lock
@@ -223,6 +223,8 @@ class StudyRunner:
             budget = {"generations": config.generations, "frames": config.frames,
                       "target_score": config.target_score}  # fmt: skip
             config = resume_config(resume, **budget)
+            generation = algorithm_section(resume)[1].get("generation")
+            log.info("run %s resumes from its checkpoint at generation %s", plan.name, generation)
         watcher = self.options.watcher
         observers = []
         if watcher is not None:
