@@ -15,10 +15,12 @@ The table's rows and lines are pure functions of the runs; StudyProgress does th
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -190,7 +192,10 @@ class StudyProgress:
     Each run's Trainer gets `observer_for(name)` among its observers; the study runner calls
     `run_state(name, state, error)` when a run is queued, starts, completes or fails, and
     `close()` at the end. `interactive` overrides the terminal check; `quiet` prints nothing.
-    The table is drawn by a periodic task on the event loop, from `view`.
+    The table is drawn by a periodic task on the event loop, from `view`. While it is on the
+    screen, `notice(line)` prints a line above it, and so does every log record that would have
+    gone to a terminal: written there directly, it would land inside the table and break its
+    redrawing.
     """
 
     def __init__(
@@ -210,8 +215,12 @@ class StudyProgress:
         self._estimates: dict[str, Estimate] = {}
         self._states: dict[str, str] = {}
         self._workers: int | None = None
-        self._drawn = 0
-        """Lines of the table on the screen now, the cursor at the end of the last one."""
+        # The screen is written from the event loop (the table) and from any thread that logs.
+        self._lock = threading.Lock()
+        self._lines: list[str] = []
+        """The table as last drawn, the cursor at the end of its last line."""
+        self._broken = False
+        self._log_streams: list[tuple[logging.StreamHandler, Any]] = []
         self._ticker: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -237,31 +246,34 @@ class StudyProgress:
         # A run's first state is where it stood when the study (re)started: a row, not news;
         # so is a run that waits its turn.
         if not first and state != "queued":
-            self._above(state_notice(name, state, error))
+            self.notice(state_notice(name, state, error))
         self._start_ticker()
+
+    def notice(self, line: str) -> None:
+        """Prints `line` above the table (on a terminal; elsewhere, where JSON lines are not,
+        as a plain line is no JSON: nothing). Any thread may call it."""
+        if self.interactive:
+            self._draw(line, None)
 
     def close(self) -> None:
         """Draws the table a last time and leaves it on the screen; stops redrawing."""
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
-        if self.interactive and not self._closed:
-            self._closed = True
-            try:
-                self.redraw()
-            except Exception as error:  # the view is the runner's: closing must not fail
-                log.warning("study table not drawn: %s: %s", type(error).__name__, error)
-            if self._drawn:
-                self._out.write("\n")
-                self._drawn = 0
+        if not self.interactive or self._closed:
+            return
+        try:
+            self.redraw()
+        except Exception as error:  # the view is the runner's: closing must not fail
+            log.warning("study table not drawn: %s: %s", type(error).__name__, error)
+        self._closed = True
+        self._draw(None, [])  # a newline below the table, which stays
+        self._give_back_log_streams()
 
     def redraw(self) -> None:
         """Draws the table anew in place of the one on the screen."""
-        if not self.interactive or self._out.broken:
-            return
-        table = self._table()
-        self._out.write(self._erase() + "\n".join(table))
-        self._drawn = len(table)
+        if self.interactive and not self._closed:
+            self._draw(None, self._table())
 
     # -- what the run observers tell ---------------------------------------------------------
 
@@ -291,29 +303,44 @@ class StudyProgress:
         # A line short of the screen: the cursor's line, so the table's first never scrolls off.
         return table_lines(rows, fleet, height - 1, width)
 
-    def _erase(self) -> str:
-        """Moves the cursor to where the table began and erases it."""
-        if not self._drawn:
-            return ""
-        up = f"\x1b[{self._drawn - 1}A" if self._drawn > 1 else ""
-        return f"\r{up}{_ERASE_TO_END}"
+    def _draw(self, line: str | None, table: list[str] | None) -> None:
+        """Erases the table, writes `line` (if any) where it was and `table` below it (None:
+        the table as last drawn; [] once closed: a newline, leaving the table as it is)."""
+        failed: Exception | None = None
+        with self._lock:
+            if self._broken:
+                return
+            if self._closed:
+                text = "" if line is None else line + "\n"
+                if table == [] and self._lines:
+                    text, self._lines = "\n", []
+            else:
+                table = self._lines if table is None else table
+                text = _erase(len(self._lines)) + ("" if line is None else line + "\n")
+                text += "\n".join(table)
+                self._lines = table
+            try:
+                self._stream.write(text)
+                self._stream.flush()
+            except (OSError, ValueError) as error:
+                self._broken, failed = True, error
+        if failed is not None:
+            # Not under the lock: a log record may come back here through notice().
+            self._give_back_log_streams()
+            log.warning("progress output stopped: %s", failed)
+        elif self._lines and not self._log_streams and not self._closed:
+            self._take_log_streams()
 
-    def _above(self, line: str) -> None:
-        """Prints `line` where the table is, and the table again below it."""
-        if self._out.broken:
-            return
-        if self._closed:  # the table is left as it was last drawn, the line goes below it
-            self._out.line(line)
-            return
-        try:
-            table = self._table()
-        except Exception as error:  # the view is the runner's: a notice still gets out
-            log.warning("study table not drawn: %s: %s", type(error).__name__, error)
-            self._out.write(self._erase() + line + "\n")
-            self._drawn = 0
-            return
-        self._out.write(self._erase() + line + "\n" + "\n".join(table))
-        self._drawn = len(table)
+    def _take_log_streams(self) -> None:
+        """Routes the root logger's handlers that write to a terminal through notice()."""
+        for handler in logging.getLogger().handlers:
+            if type(handler) is logging.StreamHandler and is_terminal(handler.stream):
+                self._log_streams.append((handler, handler.setStream(_LinesAbove(self))))
+
+    def _give_back_log_streams(self) -> None:
+        streams, self._log_streams = self._log_streams, []
+        for handler, stream in streams:
+            handler.setStream(stream)
 
     def _start_ticker(self) -> None:
         if self._ticker is not None or self._closed or not self.interactive:
@@ -326,7 +353,7 @@ class StudyProgress:
         self._ticker = loop.create_task(self._redraw_periodically())
 
     async def _redraw_periodically(self) -> None:
-        while not self._out.broken:
+        while not self._broken:
             try:
                 self.redraw()
                 over = all(run.state in ("complete", "failed") for run in self.view.runs())
@@ -339,6 +366,29 @@ class StudyProgress:
                 self.close()
                 return
             await asyncio.sleep(REDRAW_S)
+
+
+def _erase(lines: int) -> str:
+    """From the end of the last of `lines` lines on the screen, back to the first and erased."""
+    if lines == 0:
+        return ""
+    up = f"\x1b[{lines - 1}A" if lines > 1 else ""
+    return f"\r{up}{_ERASE_TO_END}"
+
+
+class _LinesAbove(io.TextIOBase):
+    """A log handler's stream while the table is drawn: each whole line goes above the table."""
+
+    def __init__(self, progress: StudyProgress) -> None:
+        super().__init__()
+        self._progress = progress
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            self._progress.notice(line)
+        return len(text)
 
 
 class _RunObserver(Observer):

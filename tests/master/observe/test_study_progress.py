@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -390,3 +391,37 @@ def test_a_real_runs_generations_reach_the_json_lines_and_the_table(
     assert row[:4] == ["cartpole-s3", "CartPole-v1", "3", "3"]
     assert row[5] == f"{last['elite_score']:.1f}" and row[-1] == "complete"
     assert shown[-2:] == ["fleet: workers 1 | busy - | runs 1 complete", ""]
+
+
+def test_log_records_go_above_the_table_not_into_it() -> None:
+    """A log handler writing to the terminal would land inside the table and break its
+    redrawing: while the table is drawn its lines go above it, from any thread."""
+    study = StandInStudy([view_of("run-0", "running", snapshot(generation=2))])
+
+    async def scenario(terminal: io.TextIOWrapper, main_fd: int) -> str:
+        handler = logging.StreamHandler(terminal)
+        root = logging.getLogger()
+        root.addHandler(handler)
+        try:
+            progress = StudyProgress(study, terminal)
+            progress.run_state("run-0", "running")
+            await asyncio.sleep(0.1)  # the table is drawn
+            assert handler.stream is not terminal
+            await asyncio.to_thread(logging.getLogger("elsewhere").warning, "from a thread")
+            logging.getLogger("here").warning("two\nlines")
+            progress.notice("a notice")
+            await asyncio.sleep(0.6)
+            progress.close()
+            assert handler.stream is terminal  # given back
+            logging.getLogger("after").warning("after the study")
+        finally:
+            root.removeHandler(handler)
+        return read_available(main_fd)
+
+    with pseudo_terminal() as (terminal, main_fd):
+        written = asyncio.run(scenario(terminal, main_fd))
+    shown = screen(written)
+    assert shown[:4] == ["from a thread", "two", "lines", "a notice"]
+    assert shown[4].split()[:2] == ["run", "env"] and shown[5].startswith("run-0 ")
+    assert shown[6] == "fleet: workers 2 | busy - | runs 1 running"
+    assert shown[7:] == ["after the study", ""]
