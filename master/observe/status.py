@@ -171,26 +171,12 @@ def printable(text: str) -> str:
 
 
 def format_status(status: pb.StatusResponse) -> str:
-    """The answer for people: one figure a line, then one line per worker."""
-    elite = "none yet" if math.isnan(status.elite_score) else f"{status.elite_score:.2f}"
-    lines = [
-        f"run           {printable(status.run_id)}",
-        f"env           {printable(status.env_id)}",
-        f"generation    {status.generation} ({printable(status.phase)} phase)",
-        f"frames        {status.frames:,}",
-        f"evaluations   {status.evaluations:,}",
-        f"elite score   {elite}",
-        f"leases out    {status.tasks_leased:,} tasks",
-        f"pending       {status.tasks_pending:,} tasks",
-        f"done          {status.tasks_done:,} tasks (this phase)",
-        f"re-issues     {status.leases_reissued:,}",
-        f"run complete  {'yes' if status.run_complete else 'no'}",
-        f"workers       {status.workers} connected (called in the last minute)",
-    ]
+    """The answer for people: one figure a line, then one line per run of a study and one
+    line per worker."""
+    lines = _study_figures(status) if status.runs else _run_figures(status)
+    lines.append(f"workers       {status.workers} connected (called in the last minute)")
     if status.HasField("utilisation"):
         lines.append(f"busy          {status.utilisation:.0%} of the workers' time, lately")
-    if status.runs:
-        lines.append(f"runs          {_runs_by_state(status.runs)}")
     if len(status.worker_status) < status.workers_tracked:
         lines.append(
             f"worker table  the {len(status.worker_status)} most recently seen of "
@@ -218,6 +204,38 @@ def format_status(status: pb.StatusResponse) -> str:
                 f"{w.seconds_since_contact:>10.1f} s  {w.tasks_failed:>6,}{held_off}{refuses}"
             )
     return "\n".join(lines)
+
+
+def _run_figures(status: pb.StatusResponse) -> list[str]:
+    elite = "none yet" if math.isnan(status.elite_score) else f"{status.elite_score:.2f}"
+    return [
+        f"run           {printable(status.run_id)}",
+        f"env           {printable(status.env_id)}",
+        f"generation    {status.generation} ({printable(status.phase)} phase)",
+        f"frames        {status.frames:,}",
+        f"evaluations   {status.evaluations:,}",
+        f"elite score   {elite}",
+        f"leases out    {status.tasks_leased:,} tasks",
+        f"pending       {status.tasks_pending:,} tasks",
+        f"done          {status.tasks_done:,} tasks (this phase)",
+        f"re-issues     {status.leases_reissued:,}",
+        f"run complete  {'yes' if status.run_complete else 'no'}",
+    ]
+
+
+def _study_figures(status: pb.StatusResponse) -> list[str]:
+    """A study's figures: its runs' together (the runs' own generation and elite are theirs)."""
+    return [
+        f"study         {printable(status.run_id)}",
+        f"runs          {_runs_by_state(status.runs)}",
+        f"frames        {status.frames:,} (the runs served by this master process)",
+        f"evaluations   {status.evaluations:,}",
+        f"leases out    {status.tasks_leased:,} tasks",
+        f"pending       {status.tasks_pending:,} tasks",
+        f"done          {status.tasks_done:,} tasks (the running phases)",
+        f"re-issues     {status.leases_reissued:,}",
+        f"complete      {'yes' if status.run_complete else 'no'}",
+    ]
 
 
 def format_runs(runs: Sequence[pb.RunStatus]) -> list[str]:

@@ -132,8 +132,11 @@ def test_status_lists_a_studys_runs_and_the_fleets_utilisation() -> None:
     code, human = status_of(lambda: figures)
     assert code == 0
     lines = human.splitlines()
-    assert "busy          87% of the workers' time, lately" in lines
-    assert "runs          4: 1 running, 1 queued, 1 complete, 1 failed" in lines
+    assert lines[:2] == ["study         study",
+                         "runs          4: 1 running, 1 queued, 1 complete, 1 failed"]  # fmt: skip
+    assert "complete      no" in lines and "busy          87% of the workers' time, lately" in lines
+    # A study's figures are its runs': no generation or elite of its own.
+    assert not [line for line in lines if line.startswith(("generation ", "elite score", "env "))]
     table = lines[lines.index("") + 1 :]
     assert table[0].split() == ["run", "env", "seed", "state", "generation", "frames", "elite"]
     assert table[1].split() == ["cartpole-v1-s0", "CartPole-v1", "0", "complete", "15",
@@ -154,7 +157,7 @@ def test_unknown_utilisation_stays_unset() -> None:
         code, out = status_of(lambda figures=figures: figures, "--json")
         assert code == 0 and json.loads(out)["utilisation"] is None
         code, human = status_of(lambda figures=figures: figures)
-        assert "busy " not in human and "runs          1: 1 complete" in human
+        assert "busy " not in human and "runs          1: 1 complete" in human.splitlines()
 
 
 def test_a_single_runs_answer_lists_no_runs_and_reads_as_before() -> None:
