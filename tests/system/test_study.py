@@ -210,3 +210,45 @@ settings = {{ {GA} }}
     assert "cannot import module 'userpkg'" in directory.error(refused)
     assert (directory.run_dir("cartpole-v1-s1") / FINAL_TEST).is_file()
     assert not (directory.run_dir(refused) / FINAL_TEST).exists()
+
+
+def test_two_es_runs_at_once_on_one_worker_each_play_what_they_play_alone(
+    tmp_path: Path, noise_cache: Path
+) -> None:
+    """Each ES run numbers its parameter versions from 0: a worker holding two runs' version 1
+    keeps them apart (by run), so each run's generations are those it has served alone."""
+    text = """
+name = "es-pair"
+max_concurrent_runs = 2
+test_episodes = 1
+[budget]
+no_target = true
+generations = 3
+[[grid]]
+envs = ["CartPole-v1"]
+seeds = [1, 2]
+label = "es"
+settings = { algorithm = "es", pairs = 4, eval_episodes = 2 }
+"""
+    results = {}
+    for at_once in (2, 1):
+        study, directory, plans = opened(tmp_path / f"at-once-{at_once}", text)
+        serving = StudyServing(study.name, plans, directory, at_once, directory.path)
+
+        async def main(serving: StudyServing = serving) -> dict:
+            master = await start_study(serving, ServeOptions(), RunOptions(out=None))
+            worker = spawn_worker(master.port, "w")
+            try:
+                return await asyncio.wait_for(master.runner.run(), RUN_S)
+            finally:
+                stop_processes([worker])
+                await master.stop(0)
+
+        assert set(asyncio.run(main()).values()) == {"complete"}
+        results[at_once] = {
+            run.name: [(line["score_mean"], line["score_max"], line["elite_score"])
+                       for line in read_metrics(directory.run_dir(run.name) / "metrics.jsonl")]
+            for run in study.runs
+        }  # fmt: skip
+    assert results[2] == results[1]
+    assert results[1]["cartpole-v1-es-s1"] != results[1]["cartpole-v1-es-s2"]
