@@ -41,6 +41,7 @@ from master.config import (
 
 if TYPE_CHECKING:
     from master.run.s3_mirror import RunDirMirror
+    from master.run.study_mirror import StudyMirror
 
 
 def _hidden_sizes(text: str) -> tuple[int, ...]:
@@ -372,8 +373,8 @@ def _add_s3_flags(p: argparse.ArgumentParser) -> None:
         "--s3-uri",
         default=os.environ.get("NEURO_S3_URI") or None,
         metavar="s3://BUCKET/PREFIX",
-        help="mirror the run dir there, and resume from there when the run dir holds no "
-        "checkpoint (env NEURO_S3_URI)",
+        help="mirror the run dir there (a study: its study dir, each run under runs/NAME/), "
+        "and resume from there when the run dir holds no checkpoint (env NEURO_S3_URI)",
     )
     s3.add_argument(
         "--s3-sync-seconds",
@@ -512,9 +513,6 @@ def _study_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     if args.study is None:
         parser.error("--dry-run goes with --study FILE|NAME")
     _refuse_run_flags(parser, args)
-    if args.s3_uri is not None and not args.dry_run:
-        logging.warning("--s3-uri: a study's dirs are not mirrored to S3; the study dir %s "
-                        "holds them", args.study_dir or "studies/STUDY")  # fmt: skip
     batched = batched_local_workers(args.worker_arg, args.local_workers, listed_gpus())
     try:
         study = load_study(args.study, batched)
@@ -525,19 +523,57 @@ def _study_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     if args.dry_run:
         print("\n".join(study_listing(study, study_dir, plan)))
         return 0
+    mirror = _study_mirror(parser, args.s3_uri, study_dir.path) if args.s3_uri else None
     token, tls = _security(parser, args)
     with contextlib.ExitStack() as held:
         try:
             # Held while the study is served: one master per study dir.
             held.enter_context(run_dir_lock(study_dir.path))
-            # Decided under the lock: the master that held it may have moved runs on.
-            plan = study_dir.open(study)
         except (RunDirInUse, OSError) as error:
             print(f"neuro-master: {_lock_error(study_dir.path, error)}", file=sys.stderr)
             return 1
+        # Before the plan: a replacement machine continues the study S3 holds.
+        if mirror is not None and not _restore_study(mirror, [run.name for run in study.runs]):
+            return 1
+        try:
+            # Decided under the lock: the master that held it may have moved runs on.
+            plan = study_dir.open(study)
+        except OSError as error:
+            print(f"neuro-master: cannot write {study_dir.path}: {error}", file=sys.stderr)
+            return 1
         except StudyDirError as error:
             parser.error(str(error))
-        return _serve_study(args, study, study_dir, plan, token, tls)
+        return _serve_study(args, study, study_dir, plan, token, tls, mirror)
+
+
+def _study_mirror(parser: argparse.ArgumentParser, uri: str, study_dir: Path) -> StudyMirror:
+    """The study dir's S3 mirror, or a usage error (exit 2) naming the URI."""
+    from master.run.s3_mirror import MirrorError
+    from master.run.study_mirror import StudyMirror
+
+    try:
+        return StudyMirror(uri, study_dir)
+    except (ValueError, MirrorError) as error:
+        parser.error(f"--s3-uri: {error}")
+
+
+def _restore_study(mirror: StudyMirror, names: list[str]) -> bool:
+    """Fetches the runs S3 holds that the study dir does not; False (said on stderr) if S3
+    failed."""
+    from master.observe.progress import notice_stream
+    from master.run.s3_mirror import MirrorError
+
+    try:
+        restored = mirror.restore(names)
+    except MirrorError as error:
+        print(f"neuro-master: {error}\nneuro-master: not starting: the S3 prefix must be "
+              "readable at start, since a study over a prefix that holds one would fork it",
+              file=sys.stderr)  # fmt: skip
+        return False
+    if restored:
+        print(f"neuro master: restored {len(restored)} run(s) of the study from {mirror.uri}: "
+              f"{', '.join(restored)}", file=notice_stream(sys.stdout), flush=True)  # fmt: skip
+    return True
 
 
 def _serve_study(
@@ -547,6 +583,7 @@ def _serve_study(
     plan: Any,
     token: str | None,
     tls: tuple[bytes, bytes] | None,
+    mirror: StudyMirror | None,
 ) -> int:
     """Serves the opened study to its end; the exit status _study_main describes."""
     from master.run import start
@@ -579,9 +616,10 @@ def _serve_study(
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         overlap=args.overlap,
+        s3_sync_seconds=args.s3_sync_seconds,
     )
     serving = StudyServing(study.name, plans, study_dir, study.max_concurrent_runs,
-                           study_dir.path)  # fmt: skip
+                           study_dir.path, mirror)  # fmt: skip
     serve = start.ServeOptions(args.host, args.port, token, tls)
     try:
         states = asyncio.run(run_study(serving, serve, options))

@@ -25,11 +25,11 @@ from typing import Any
 from master.observe.events import Observer, RunSnapshot
 from master.run.checkpoint import CURRENT, PREVIOUS, SIDECAR_PREFIX, SIDECAR_SUFFIX
 from master.run.rundir import write_bytes_atomic
-from neuro.runfiles import BEST_GENOME, CONFIG, ELITE_GENOME, GENOMES, METRICS
+from neuro.runfiles import BEST_GENOME, CONFIG, ELITE_GENOME, FINAL_TEST, GENOMES, METRICS
 
 log = logging.getLogger(__name__)
 
-DATA_FILES = (CONFIG, METRICS, BEST_GENOME, ELITE_GENOME)
+DATA_FILES = (CONFIG, METRICS, BEST_GENOME, ELITE_GENOME, FINAL_TEST)
 CHECKPOINT_FILES = (PREVIOUS, CURRENT)
 """Uploaded after the data files and restored last, the current checkpoint the very last."""
 STATUS_FILE = "status.json"
@@ -113,7 +113,7 @@ def status_document(status: RunSnapshot) -> dict[str, Any]:
     return document
 
 
-def _client_for(uri: S3Uri) -> Any:
+def client_for(uri: S3Uri) -> Any:
     try:
         import boto3
         from botocore.config import Config
@@ -138,7 +138,7 @@ class RunDirMirror:
 
     def __init__(self, uri: str | S3Uri, client: Any | None = None) -> None:
         self.uri = uri if isinstance(uri, S3Uri) else parse_s3_uri(uri)
-        self.client = client if client is not None else _client_for(self.uri)
+        self.client = client if client is not None else client_for(self.uri)
         self._uploaded: dict[str, tuple[tuple[int, int, int], str]] = {}
         # Genome files S3 already holds: named by their content, so never uploaded again.
         self._stored_genomes: set[str] = set()

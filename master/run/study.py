@@ -37,6 +37,8 @@ from master.run.checkpoint import algorithm_section, load_checkpoint
 from master.run.final_test import tested
 from master.run.run_setup import build_run, resume_config
 from master.run.rundir import run_dir_lock
+from master.run.s3_mirror import FINAL_SYNC_TIMEOUT_S, MirrorLoop, status_document
+from master.run.study_mirror import StudyMirror
 from master.run.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -96,12 +98,13 @@ class StudySnapshot(RunSnapshot):
 
 @dataclass
 class _Served:
-    """A run being served: its trainer, its task and the run dir's lock it holds."""
+    """A run being served: its trainer, its task, the run dir's lock it holds and its S3 sync."""
 
     trainer: Trainer
     key: str
     task: asyncio.Future[object]
     locks: contextlib.ExitStack
+    syncer: MirrorLoop | None = None
 
 
 @dataclass
@@ -121,6 +124,9 @@ class StudyOptions:
     overlap: bool = True
     watcher: StudyWatcher | None = None
     clock: Callable[[], float] = field(default=time.monotonic)
+    mirror: StudyMirror | None = None
+    """Set: each run dir goes to S3 as a single run's does, and the study's files with it."""
+    s3_sync_seconds: float = 60.0
 
 
 class StudyRunner:
@@ -209,8 +215,22 @@ class StudyRunner:
         key = added[0].key
         self._service.serve_run(key, template)
         run.trainer = trainer
-        self._served[name] = _Served(trainer, key, asyncio.ensure_future(trainer.run()), locks)
+        syncer = self._syncer(name, trainer)
+        self._served[name] = _Served(trainer, key, asyncio.ensure_future(trainer.run()), locks,
+                                     syncer)  # fmt: skip
         self._set_state(name, RUNNING)
+
+    def _syncer(self, name: str, trainer: Trainer) -> MirrorLoop | None:
+        """The run dir's S3 sync, started, as a single run's (after each checkpoint too)."""
+        mirror = self.options.mirror
+        if mirror is None:
+            return None
+        syncer = MirrorLoop(mirror.run(name), trainer.run_dir.path,
+                            lambda: status_document(trainer.snapshot()),
+                            self.options.s3_sync_seconds)  # fmt: skip
+        trainer.observers.append(syncer)
+        syncer.start()
+        return syncer
 
     def _build(
         self, plan: StudyRunPlan, add_run: Callable[[FleetSettings], RunFleet]
@@ -240,6 +260,9 @@ class StudyRunner:
         served = self._served.pop(name)
         self._fleet.remove_run(served.key)
         self._service.stop_serving_run(served.key)
+        if served.syncer is not None:
+            # Bounded: a dead S3 cannot hold up the study (the run dir has everything).
+            await served.syncer.close(FINAL_SYNC_TIMEOUT_S)
         served.locks.close()
         task = served.task
         error = None if task.cancelled() else task.exception()
@@ -265,6 +288,9 @@ class StudyRunner:
                 await each.task
             self._fleet.remove_run(each.key)
             self._service.stop_serving_run(each.key)
+            if each.syncer is not None:
+                with contextlib.suppress(Exception):
+                    await each.syncer.close(FINAL_SYNC_TIMEOUT_S)
             each.locks.close()
 
     def _set_state(self, name: str, state: RunState, error: str = "") -> None:
@@ -275,6 +301,8 @@ class StudyRunner:
         except (OSError, ValueError) as problem:
             # study.json is the study's record; its run dirs hold the truth it is read from.
             log.error("study.json: run %s's state %s not recorded: %s", name, state, problem)
+        if self.options.mirror is not None:
+            self.options.mirror.put_study_files()
         if self.options.watcher is not None:
             self.options.watcher.run_state(name, state, error)
 

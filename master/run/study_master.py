@@ -35,6 +35,7 @@ from master.run.start import (
     stop_server,
 )
 from master.run.study import StudyOptions, StudyRunner, StudyRunPlan, StudyStates
+from master.run.study_mirror import StudyMirror
 from neuro.wire import SERVICE_NAME
 
 STUDY_END = "every run of the study was complete"
@@ -65,6 +66,8 @@ class StudyServing:
     states: StudyStates
     max_concurrent: int
     study_dir: Path
+    mirror: StudyMirror | None = None
+    """Set: the study dir goes to S3 (master.run.study_mirror)."""
 
 
 async def start_study(study: StudyServing, serve: ServeOptions, options: RunOptions) -> StudyMaster:
@@ -81,9 +84,10 @@ async def start_study(study: StudyServing, serve: ServeOptions, options: RunOpti
         return runner.snapshot(workers=False)
 
     service = EvolutionService(fleet, None, figures)  # type: ignore[arg-type]
+    study_options = StudyOptions(options.checkpoint_seconds, options.overlap, mirror=study.mirror,
+                                 s3_sync_seconds=options.s3_sync_seconds)  # fmt: skip
     runner = StudyRunner(study.name, study.plans, fleet, service, study.states,
-                         study.max_concurrent,
-                         StudyOptions(options.checkpoint_seconds, options.overlap))  # fmt: skip
+                         study.max_concurrent, study_options)  # fmt: skip
     server = serving_server((), file_limit, serve.token)
     add_to_server(service, server)
     health_servicer = BoundedHealthServicer()
@@ -115,6 +119,8 @@ async def run_study(
     progress = StudyProgress(runner, out, quiet=True) if out is None else StudyProgress(runner, out)
     runner.options.watcher = progress
     companions = await _start_companions(master, study.study_dir, serve, options)
+    if study.mirror is not None:
+        study.mirror.put_study_files()
     if out is not None:
         notice = notice_stream(out)
         print(f"neuro master: study {study.name}, {len(study.plans)} runs, at most "
