@@ -342,7 +342,17 @@ class Fleet:
             excluded = {*excluded, *refused}
         # A task this worker failed goes to another that asked for work lately, if any.
         workers = self._pacing.askers()
-        drawn = self._share.lease(worker_id, max_tasks, now, fleet_slots, workers, excluded)
+        drawn = []
+        first = self._reevaluating(worker_id) if len(self._runs) > 1 else None
+        if first is not None and first not in excluded:
+            # Its individual's other episodes first (they come next in that run's queue): a
+            # per-genome worker plays them in one batched pass, where tasks of several runs'
+            # individuals would each take a pass of their own at every step.
+            others = {*excluded, *(key for key in self._runs if key != first)}
+            drawn = self._share.lease(worker_id, max_tasks, now, fleet_slots, workers, others)
+            max_tasks -= sum(len(draw.tasks) for draw in drawn)
+        if max_tasks > 0:
+            drawn += self._share.lease(worker_id, max_tasks, now, fleet_slots, workers, excluded)
         granted: dict[str, list[PhaseTask]] = {}
         for draw in drawn:
             run = self._runs.get(draw.run)
@@ -356,6 +366,18 @@ class Fleet:
             else:
                 tasks += draw.tasks
         return [Granted(run, tuple(tasks)) for run, tasks in granted.items()]
+
+    def _reevaluating(self, worker_id: str) -> str | None:
+        """The run whose individual the worker plays episodes of, when every task it holds is
+        of one request split into several tasks (an elite's re-evaluation); None otherwise."""
+        found = None
+        for key, run in self._runs.items():
+            requests = run.phases.reevaluated(worker_id)
+            if requests is None or len(requests) > 1 or (requests and found is not None):
+                return None
+            if requests:
+                found = key
+        return found
 
     def retry_after_ms(self) -> int:
         """How long a worker that got no task waits before it asks again."""

@@ -139,6 +139,11 @@ def env_seeds(run_seed: int) -> Callable[[str], int]:
     return seed
 
 
+def request_of(task_id: str) -> str:
+    """The request key a task id of split_into_tasks names ("<request key>/<first episode>")."""
+    return task_id.rsplit("/", 1)[0]
+
+
 def split_into_tasks(
     requests: Sequence[EvaluationRequest], settings: FleetSettings
 ) -> list[PhaseTask]:
@@ -185,6 +190,8 @@ class PhaseLoop:
         age), in this process."""
         self.played_ahead = 0
         """Tasks a phase found done when it began, played ahead of it, in this process."""
+        self._split: set[str] = set()
+        """The running phase's (and the tasks played ahead's) requests of several tasks."""
         self._interrupted: dict[str, tuple[tuple[float, ...], int]] = {}
         self._interrupted_extras: dict[str, TaskExtras] = {}
         self._observations: ObservationStats | None = None
@@ -232,6 +239,10 @@ class PhaseLoop:
         if self._refused is not None:
             raise self._refused
         tasks = split_into_tasks(requests, self.settings)
+        per_task = self.settings.episodes_per_task
+        # Requests of several tasks: a worker holding one of their tasks is given the others
+        # first (reevaluated), and plays them in one pass.
+        self._split = {r.key for r in (*requests, *ahead) if r.episodes > per_task}
         table = self._adopted(tasks)
         if table is None:
             table = self._new_table(tasks)
@@ -522,6 +533,12 @@ class PhaseLoop:
         """Who holds the lease of this task (of the running phase, or played ahead), if anyone."""
         table = self._table_of(task_id)
         return table.holder(task_id) if table is not None else None
+
+    def reevaluated(self, worker_id: str) -> set[str] | None:
+        """The requests of the tasks whose lease this worker holds, if each is split into
+        several tasks (an elite's re-evaluation); None if one of them is not."""
+        requests = {request_of(t) for table in self.tables for t in table.leased_to(worker_id)}
+        return requests if requests <= self._split else None
 
     def leased_to(self, worker_id: str) -> list[str]:
         """The tasks whose lease (not a backup copy) this worker holds, by task id."""

@@ -232,3 +232,35 @@ def test_a_single_runs_ids_are_its_own_and_a_run_key_cannot_hold_the_separator()
     assert study.run_key("a|g0/o/0/0") == "a" and study.run_key("b|g0/o/0/0") is None
     with pytest.raises(RuntimeError, match="several runs"):
         study.counters()
+
+
+def test_a_worker_playing_an_individuals_episodes_is_given_its_other_episodes_first() -> None:
+    """An elite's re-evaluation stays on the worker playing it, which plays its episodes in one
+    pass: the fewest-in-flight rule would hand it another run's individual instead."""
+    clock = Clock()
+    fleet = Fleet(clock=clock, lease_seconds=LEASE_S)
+    elite = fleet.add_run(FleetSettings(run_id="a", run_seed=1, lease_seconds=LEASE_S))
+    other = fleet.add_run(FleetSettings(run_id="b", run_seed=1, lease_seconds=LEASE_S))
+
+    async def main() -> None:
+        phases = [asyncio.ensure_future(elite.evaluate(requests("g0/e", 2, episodes=4))),
+                  asyncio.ensure_future(other.evaluate(requests("g0/o", 6)))]  # fmt: skip
+        await asyncio.sleep(0)
+        try:
+            assert [t.task_id for t in fleet.lease("w", 1)] == ["a|g0/e/0/0"]
+            # "b" has fewer in flight, but w holds an episode of a's individual: more of it.
+            assert [t.task_id for t in fleet.lease("w", 1)] == ["a|g0/e/0/1"]
+            assert [t.task_id for t in fleet.lease("w", 3)] == ["a|g0/e/0/2", "a|g0/e/0/3",
+                                                               "a|g0/e/1/0"]  # fmt: skip
+            # Holding two individuals' episodes, it is levelled again: "b" goes first.
+            assert [t.task_id for t in fleet.lease("w", 1)] == ["b|g0/o/0/0"]
+            # One-episode requests (offspring) keep nobody: levelled as ever.
+            assert [t.task_id for t in fleet.lease("v", 1)] == ["b|g0/o/1/0"]
+            assert [t.task_id for t in fleet.lease("v", 1)] == ["b|g0/o/2/0"]
+        finally:
+            for phase in phases:
+                phase.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await phase
+
+    asyncio.run(main())
