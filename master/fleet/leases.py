@@ -156,6 +156,9 @@ class LeaseTable:
         self._tickets = itertools.count(1)
         self._pending: deque[tuple[str, int]] = deque()
         self._pending_count = 0
+        self.changes = 0
+        """Grows whenever the pending, leased or done tasks change (by any call): whoever keeps
+        figures of the table (master.fleet.shares) reads them again only once it moved."""
         self.add(tasks)
         self._leased: set[str] = set()
         self._held: dict[str, set[str]] = {}
@@ -193,6 +196,7 @@ class LeaseTable:
             record.queued = ticket = next(self._tickets)
             self._pending.append((task.task_id, ticket))
         self._pending_count += len(tasks)
+        self.changes += 1
 
     def lease_age(self, task_id: str, worker_id: str, now: float) -> float | None:
         """Seconds since this worker was granted the task it holds (its lease or backup copy);
@@ -218,6 +222,11 @@ class LeaseTable:
     def pending(self) -> int:
         """Tasks waiting to be leased."""
         return self._pending_count
+
+    @property
+    def leased(self) -> int:
+        """Tasks leased and not yet done (backup copies not counted)."""
+        return len(self._leased)
 
     @property
     def counters(self) -> LeaseCounters:
@@ -271,6 +280,7 @@ class LeaseTable:
                 continue
             record.queued = 0
             self._pending_count -= 1
+            self.changes += 1
             if record.loss_unspent and not self._spend_lost_attempt(record):
                 continue  # out of attempts: recorded as failed
             if worker_id not in record.holders:
@@ -563,6 +573,7 @@ class LeaseTable:
         record.returns = returns
         record.frames = frames
         self._done += 1
+        self.changes += 1
 
     def _grant(
         self, records: list[_Record], worker_id: str, now: float, backup: bool = False
@@ -590,6 +601,7 @@ class LeaseTable:
         task_ids = tuple(record.task.task_id for record in records)
         if not backup:
             self._leased.update(task_ids)
+            self.changes += 1
         entry = (lease.deadline, next(self._tickets), lease, task_ids)
         heapq.heappush(self._deadlines, entry)
 
@@ -622,6 +634,7 @@ class LeaseTable:
         record.lease = lease
         record.since = record.backup_since
         self._leased.add(record.task.task_id)
+        self.changes += 1
         # It may be backed up again (its new holder may die too); an old task, so it goes first.
         self._unbacked[record.task.task_id] = None
         self._unbacked.move_to_end(record.task.task_id, last=False)
@@ -648,17 +661,20 @@ class LeaseTable:
             self._release_hold(record.lease.worker_id, task_id)
         record.lease = None
         self._leased.discard(task_id)
+        self.changes += 1
         self._unbacked.pop(task_id, None)
 
     def _enqueue_front(self, record: _Record) -> None:
         record.queued = ticket = next(self._tickets)
         self._pending.appendleft((record.task.task_id, ticket))
         self._pending_count += 1
+        self.changes += 1
 
     def _dequeue(self, record: _Record) -> None:
         if record.queued:
             record.queued = 0
             self._pending_count -= 1
+            self.changes += 1
 
 
 def bounded_error(error: str) -> str:

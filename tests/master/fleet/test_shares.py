@@ -236,3 +236,217 @@ def test_nothing_to_lease() -> None:
     share, _ = share_of({"a": 3})
     assert share.lease("w", 0, 0.0) == []
     assert share.pending == 3 and repr(share) == "FairShare(runs=1, pending=3)"
+
+
+# ---------------------------------------------------------------- tables moving behind its back
+# The picker keeps each run's figures between calls; reports, lapsed leases and gone workers
+# change the tables through calls it does not make, and must count at its next call.
+
+
+@pytest.mark.parametrize(
+    "move",
+    [
+        lambda a: a.complete_task("a/0", [1.0], 4, "w0"),
+        lambda a: a.fail_task("a/0", "out of memory", "w0"),
+        lambda a: a.release("w0", ["a/0"]),
+        lambda a: a.worker_gone("w0"),
+        lambda a: a.expire(LEASE_S + 1.0),
+    ],
+    ids=["reported", "failed", "handed-back", "worker-gone", "lapsed"],
+)
+def test_a_task_ending_behind_the_pickers_back_counts_at_its_next_call(move) -> None:
+    """a's only task in flight ends by a call on its table, not the picker's: a has none in
+    flight now, and goes before b (one in flight, served more recently than a)."""
+    share, tables = share_of({"a": 5, "b": 5})
+    assert [d.run for d in share.lease("w0", 1, 0.0)] == ["a"]
+    assert [d.run for d in share.lease("w1", 1, 0.0)] == ["b"]
+    move(tables["a"])
+    assert share.in_flight("a") == 0
+    assert [d.run for d in share.lease("w2", 1, 1.0)] == ["a"]
+
+
+@pytest.mark.parametrize(
+    "move",
+    [
+        lambda a: a.fail_task("a/0", "out of memory", "w0"),
+        lambda a: a.release("w0", ["a/0"]),
+        lambda a: a.worker_gone("w0"),
+        lambda a: a.expire(LEASE_S + 1.0),
+        lambda a: a.add([PhaseTask("a/late", "a/late", GENOME, 1, 9)]),
+    ],
+    ids=["failed", "handed-back", "worker-gone", "lapsed", "added"],
+)
+def test_a_run_with_nothing_pending_is_served_again_once_a_task_is_back(move) -> None:
+    """a leased its only task and had nothing pending; a task comes back (or joins) by a call
+    on a's table: it is pending for the picker too, and no backup copy goes out meanwhile."""
+    share, tables = share_of({"a": 1, "b": 0})
+    share.lease("w0", 1, 0.0)
+    assert share.pending == 0
+    move(tables["a"])
+    assert share.pending == 1
+    (drawn,) = share.lease("w1", 1, 2 * LEASE_S)
+    assert (drawn.run, drawn.backup) == ("a", False)
+
+
+def test_a_heartbeat_taking_back_a_lapsed_task_leaves_nothing_pending() -> None:
+    share, tables = share_of({"a": 1})
+    share.lease("w0", 1, 0.0)
+    tables["a"].expire(LEASE_S + 1.0)
+    assert share.pending == 1
+    assert tables["a"].heartbeat("w0", ["a/0"], LEASE_S + 2.0) == []  # still on it: takes it back
+    assert (share.pending, share.in_flight("a")) == (0, 1)
+    (backup,) = share.lease("w1", 1, LEASE_S + 3.0)
+    assert backup.backup and backup.tasks[0].task_id == "a/0"
+
+
+@pytest.mark.parametrize("change", ["added", "removed"])
+def test_a_run_added_or_removed_after_another_runs_table_moved(change: str) -> None:
+    share, tables = share_of({"a": 5, "b": 5, "c": 5})
+    assert [d.run for i in range(3) for d in share.lease(f"w{i}", 1, 0.0)] == ["a", "b", "c"]
+    tables["a"].complete_task("a/0", [1.0], 4, "w0")  # a: none in flight now
+    if change == "added":
+        share.set_tables("d", [table("d", 0)])
+    else:
+        share.remove("c")
+    assert [d.run for d in share.lease("w3", 1, 1.0)] == ["a"]
+
+
+class Recomputing:
+    """The rule FairShare follows, recomputed from its tables at every call: what it must
+    decide, however many calls its figures are kept across."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, list[LeaseTable]] = {}
+        self.served: dict[str, int] = {}
+        self.serial = 0
+
+    def set_tables(self, run: str, tables: list[LeaseTable]) -> None:
+        self.tables[run] = tables
+        self.served.setdefault(run, 0)
+
+    def remove(self, run: str) -> None:
+        del self.tables[run], self.served[run]
+
+    def pending(self, run: str | None = None) -> int:
+        runs = self.tables if run is None else [run]
+        return sum(t.pending for r in runs for t in self.tables[r])
+
+    def in_flight(self, run: str) -> int:
+        return sum(t.counters.leased for t in self.tables[run])
+
+    def key(self, run: str) -> tuple[int, int, int]:
+        return self.in_flight(run), self.served[run], list(self.tables).index(run)
+
+    def lease(self, worker, wanted, now, slots, excluded) -> list[tuple[str, list[str], bool]]:
+        if slots and self.pending():
+            wanted = min(wanted, max(1, -(-self.pending() * wanted // max(slots, wanted))))
+        drawn, refused = [], set(excluded)
+        while wanted > 0:
+            runs = sorted((r for r in self.tables if r not in refused and self.pending(r)),
+                          key=self.key)  # fmt: skip
+            if not runs:
+                break
+            levels = {run: self.in_flight(run) for run in runs}
+            given: dict[str, int] = {}
+            for _ in range(wanted):  # one at a time to the lowest level, least recent first
+                open_runs = [r for r in runs if given.get(r, 0) < self.pending(r)]
+                if not open_runs:
+                    break
+                run = min(open_runs, key=lambda r: (levels[r] + given.get(r, 0), self.key(r)[1:]))
+                given[run] = given.get(run, 0) + 1
+            for run, count in given.items():
+                granted = 0
+                for t in self.tables[run]:
+                    if granted < count and not t.complete and t.pending:
+                        tasks = t.lease(worker, count - granted, now, backups=False)
+                        drawn.append((run, [task.task_id for task in tasks], False))
+                        granted += len(tasks)
+                refused.update([run] if granted < count else [])
+                if granted:
+                    self.serial += 1
+                    self.served[run] = self.serial
+                wanted -= granted
+        drawn = [d for d in drawn if d[1]]
+        if drawn or self.pending():
+            return drawn
+        for run in sorted((r for r in self.tables if r not in excluded), key=self.key):
+            for t in self.tables[run]:
+                if not t.complete and (tasks := t.lease_backups(worker, wanted, now)):
+                    self.serial += 1
+                    self.served[run] = self.serial
+                    return [(run, [task.task_id for task in tasks], True)]
+        return []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_its_decisions_are_those_recomputed_from_the_tables_at_every_call(seed: int) -> None:
+    """Two copies of one world of runs, one leased through FairShare, the other through the
+    same rule recomputed at every call, take the same random steps: reports, failures,
+    hand-backs, gone workers, lapsed leases and heartbeats made on the tables directly, tasks
+    added, runs added, replaced and removed. Every lease call draws the same tasks in both."""
+    rng = np.random.default_rng(seed)
+    share: FairShare[LeaseTable] = FairShare()
+    plain = Recomputing()
+    worlds: dict[str, tuple[list[LeaseTable], list[LeaseTable]]] = {}
+    made = 0
+
+    def new_tables(run: str) -> None:
+        nonlocal made
+        sizes = [int(n) for n in rng.integers(0, 12, size=int(rng.integers(1, 3)))]
+        pair = tuple([table(f"{run}.{made}.{j}", n) for j, n in enumerate(sizes)] for _ in "ab")
+        made += 1
+        worlds[run] = pair  # type: ignore[assignment]
+        share.set_tables(run, pair[0])
+        plain.set_tables(run, pair[1])
+
+    for r in range(4):
+        new_tables(f"r{r}")
+    workers = [f"w{i}" for i in range(6)]
+    now, leases = 0.0, 0
+    for _ in range(600):
+        now += float(rng.exponential(4.0))
+        step = rng.random()
+        run = f"r{rng.integers(6)}"
+        if step < 0.4:
+            worker = str(rng.choice(workers))
+            excluded = [r for r in worlds if rng.random() < 0.15]
+            wanted, slots = int(rng.integers(1, 5)), int(rng.choice([0, 4, 12]))
+            got = share.lease(worker, wanted, now, fleet_slots=slots, excluded=excluded)
+            mine = [(d.run, [t.task_id for t in d.tasks], d.backup) for d in got]
+            assert mine == plain.lease(worker, wanted, now, slots, excluded)
+            leases += bool(mine)
+            # Read only here: a read makes the picker catch up, which would hide a step that
+            # leaves it behind (a run added or removed after another's table moved).
+            assert share.pending == plain.pending()
+            assert {r: share.in_flight(r) for r in worlds} == {
+                r: plain.in_flight(r) for r in worlds
+            }
+        elif step < 0.85 and worlds:
+            run = str(rng.choice(list(worlds)))
+            index = int(rng.integers(len(worlds[run][0])))
+            worker = str(rng.choice(workers))
+            action = int(rng.integers(7))
+            for tables in worlds[run]:
+                t = tables[index]
+                held = t.leased_to(worker)
+                if action == 0 and held:
+                    t.complete_task(held[0], [1.0], 4, worker)
+                elif action == 1 and held:
+                    t.fail_task(held[-1], "boom", worker)
+                elif action == 2:
+                    t.release(worker, held[:1])
+                elif action == 3:
+                    t.worker_gone(worker)
+                elif action == 4:
+                    t.heartbeat(worker, held, now)
+                elif action == 5:
+                    t.expire(now)
+                else:
+                    t.add([PhaseTask(f"{run}/x{now}", "x", GENOME, 1, 0)])
+        elif step < 0.93:
+            new_tables(run)  # a new run, or a run's next phase
+        elif run in worlds and len(worlds) > 1:
+            del worlds[run]
+            share.remove(run)
+            plain.remove(run)
+    assert leases > 50
