@@ -330,8 +330,7 @@ class StudyRunner:
         every run's view; `workers`: with the per-worker table."""
         views = self.runs()
         served = [view.snapshot for view in views if view.snapshot is not None]
-        running = [s for s, v in zip(served, (v for v in views if v.snapshot), strict=True)
-                   if v.state == RUNNING]  # fmt: skip
+        running = [v.snapshot for v in views if v.snapshot is not None and v.state == RUNNING]
         return StudySnapshot(
             run_id=self.name,
             env_id=f"study of {len(views)} runs",
