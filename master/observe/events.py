@@ -109,7 +109,13 @@ class RunSnapshot:
 
 
 RunState = Literal["queued", "running", "complete", "failed"]
-RUN_STATES: tuple[RunState, ...] = ("queued", "running", "complete", "failed")
+QUEUED: RunState = "queued"
+RUNNING: RunState = "running"
+COMPLETE: RunState = "complete"
+FAILED: RunState = "failed"
+RUN_STATES: tuple[RunState, ...] = (QUEUED, RUNNING, COMPLETE, FAILED)
+"""A study's run states, as study.json (master.study.studydir), the live view and Status
+name them."""
 """A study's run: waiting its turn, being served, its budget spent and tested, or stopped by an
 error (study.json records the same words)."""
 

@@ -32,7 +32,17 @@ from master.config import RunConfig
 from master.fleet.fleet import Fleet, RunFleet
 from master.fleet.phases import FleetSettings
 from master.fleet.service import EvolutionService
-from master.observe.events import RUN_STATES, Observer, RunSnapshot, RunState, RunView
+from master.observe.events import (
+    COMPLETE,
+    FAILED,
+    QUEUED,
+    RUN_STATES,
+    RUNNING,
+    Observer,
+    RunSnapshot,
+    RunState,
+    RunView,
+)
 from master.run.checkpoint import algorithm_section, load_checkpoint
 from master.run.final_test import tested
 from master.run.run_setup import build_run, resume_config
@@ -42,11 +52,6 @@ from master.run.study_mirror import StudyMirror
 from master.run.trainer import Trainer
 
 log = logging.getLogger(__name__)
-QUEUED: RunState = "queued"
-RUNNING: RunState = "running"
-COMPLETE: RunState = "complete"
-FAILED: RunState = "failed"
-assert (QUEUED, RUNNING, COMPLETE, FAILED) == RUN_STATES, "study.json's words are the view's"
 
 
 class StudyStates(Protocol):

@@ -147,7 +147,9 @@ async def run_study(
         try:
             return await serving
         except asyncio.CancelledError:
-            if out is not None:
+            if out is not None and progress.interactive:
+                progress.notice("neuro master: stopping")  # above the live table, not over it
+            elif out is not None:
                 print("neuro master: stopping", file=notice_stream(out), flush=True)
             raise_if_unfinished(signalled, companions.workers, STUDY_END, STUDY_RESUME)
             raise

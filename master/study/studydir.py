@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from master.config import RunConfig
+from master.observe.events import COMPLETE, FAILED, QUEUED, RUN_STATES, RUNNING
 from master.run.rundir import write_json_atomic, write_text_atomic
 from master.study.file import Study, StudyRun
 from neuro.runfiles import CONFIG, FINAL_TEST, FINAL_TEST_FORMAT, STUDY_JSON, STUDY_RUNS
@@ -39,11 +40,7 @@ from neuro.runfiles import CONFIG, FINAL_TEST, FINAL_TEST_FORMAT, STUDY_JSON, ST
 STUDY_FORMAT = "neuro.study/1"
 STUDY_FILE = "study.toml"
 
-QUEUED = "queued"
-RUNNING = "running"
-COMPLETE = "complete"
-FAILED = "failed"
-STATES = (QUEUED, RUNNING, COMPLETE, FAILED)
+STATES = RUN_STATES
 MAX_STATE_BYTES = 16 << 20
 """study.json is read only up to this size (a thousand runs' records are far smaller)."""
 

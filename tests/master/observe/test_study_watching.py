@@ -198,16 +198,14 @@ def test_status_metrics_and_json_lines_follow_each_run_of_a_real_study(
     assert {line["run"] for line in lines} == set(NAMES)
 
 
-def test_neuro_master_study_on_a_terminal_keeps_one_table_of_the_runs(
-    tmp_path: Path, noise_cache: Path
-) -> None:
-    """The command as a user runs it, a pseudo-terminal as stdout and stderr (as a shell gives
-    them), two local workers: the screen ends with the table of both runs complete."""
-    study_file = tmp_path / "two.toml"
-    study_file.write_text(STUDY)
-    study_dir = tmp_path / "study"
-    command = [sys.executable, "-m", "master", "--study", str(study_file), "--study-dir",
-               str(study_dir), "--local-workers", "2", "--port", "0"]  # fmt: skip
+def on_a_terminal(
+    command: list[str],
+    until_shown: bytes | None = None,
+    then: Callable[[subprocess.Popen], None] | None = None,
+) -> tuple[int, str]:
+    """Runs `command` with a pseudo-terminal as stdout and stderr (as a shell gives them) and
+    returns its exit status and all it wrote; once it has written `until_shown`, calls `then`
+    with the process (to signal it)."""
     main_fd, terminal_fd = os.openpty()
     fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     attributes = termios.tcgetattr(terminal_fd)
@@ -227,13 +225,30 @@ def test_neuro_master_study_on_a_terminal_keeps_one_table_of_the_runs(
             if not chunk:
                 break
             written += chunk
-        assert process.wait(30) == 0, written.decode(errors="replace")[-3000:]
+            if until_shown is not None and then is not None and until_shown in written:
+                then(process)
+                until_shown = None
+        status = process.wait(30)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
         os.close(main_fd)
-    text = written.decode()
+    return status, written.decode(errors="replace")
+
+
+def test_neuro_master_study_on_a_terminal_keeps_one_table_of_the_runs(
+    tmp_path: Path, noise_cache: Path
+) -> None:
+    """The command as a user runs it, a pseudo-terminal as stdout and stderr (as a shell gives
+    them), two local workers: the screen ends with the table of both runs complete."""
+    study_file = tmp_path / "two.toml"
+    study_file.write_text(STUDY)
+    study_dir = tmp_path / "study"
+    command = [sys.executable, "-m", "master", "--study", str(study_file), "--study-dir",
+               str(study_dir), "--local-workers", "2", "--port", "0"]  # fmt: skip
+    status, text = on_a_terminal(command)
+    assert status == 0, text[-3000:]
     shown = [line for line in screen(text) if line]
     assert "\x1b[J" in text  # redrawn in place
     # The master's log lines come above the table, whole, rather than inside it.
@@ -254,3 +269,22 @@ def test_neuro_master_study_on_a_terminal_keeps_one_table_of_the_runs(
         assert row[5] == f"{metrics[-1]['elite_score']:.1f}" and row[-1] == "complete"
     assert shown[header + 3].startswith("fleet: workers ")
     assert shown[header + 3].endswith("| runs 2 complete")
+
+
+def test_ctrl_c_on_a_terminal_says_stopping_above_the_table(tmp_path: Path, noise_cache: Path):
+    """Ctrl-C while the table is drawn: "stopping" comes above the table, which stays whole
+    (one header, its rows below it), and the study stops resumable (130)."""
+    study_file = tmp_path / "two.toml"
+    study_file.write_text(STUDY.replace("generations = 4", "generations = 1000"))
+    study_dir = tmp_path / "study"
+    command = [sys.executable, "-m", "master", "--study", str(study_file), "--study-dir",
+               str(study_dir), "--local-workers", "2", "--port", "0"]  # fmt: skip
+    status, text = on_a_terminal(command, b"fleet: workers", lambda p: p.send_signal(2))
+    assert status == 130, text[-3000:]
+    shown = [line for line in screen(text) if line]
+    headers = [i for i, line in enumerate(shown) if line.startswith("run  ")]
+    stopping = [i for i, line in enumerate(shown) if line == "neuro master: stopping"]
+    assert len(headers) == 1 and len(stopping) == 1, shown
+    assert stopping[0] < headers[0], shown
+    rows = [line.split()[0] for line in shown[headers[0] + 1 : headers[0] + 3]]
+    assert rows == NAMES, shown
