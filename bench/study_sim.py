@@ -38,7 +38,7 @@ from bench.fleet_sim import (
 from master.fleet.leases import Disposition, LeaseTable, PhaseTask
 from master.fleet.pacing import IDLE_POLLS_PER_S
 from master.fleet.phases import FleetSettings
-from master.fleet.shares import FairShare
+from master.fleet.shares import FairShare, moving_task_seconds
 from neuro.genome import Genome
 
 FRAME_SKIP = 4
@@ -95,6 +95,8 @@ class SimRun:
     started_s: float = math.nan
     ended_s: float = math.nan
     generation_ends: list[float] = field(default_factory=list)
+    task_s: float | None = None
+    """Its seconds per task as the master averages them from results (the picker's weight)."""
 
     @property
     def leased_tables(self) -> list[LeaseTable]:
@@ -375,6 +377,9 @@ class StudySimulation:
                 if outcome is Disposition.ACCEPTED:
                     self.useful_s += seconds
                     self.useful_of[id(table)] += seconds
+                    # The master weighs each run's work in flight by its results' busy seconds.
+                    run.task_s = moving_task_seconds(run.task_s, seconds)
+                    self.shares.set_task_seconds(run.plan.name, run.task_s)
                     if table.complete and all(tb.complete for tb in run.tables):
                         self._phase_done(run, t)
                         wake_all(t)

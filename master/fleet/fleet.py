@@ -399,6 +399,7 @@ class Fleet:
             recorded = run.phases.record(worker_id, [o._replace(task_id=t) for o, t in own])
             for place, disposition in zip(places, recorded, strict=True):
                 dispositions[place] = disposition
+            self._share.set_task_seconds(run.key, run.phases.task_seconds)
         if self.roster.held_off(worker_id, self._clock()):
             self._pacing.forget(worker_id)  # no longer one that can take a failed task
         # Outcomes of no run served here: a finished run's, or not ours.

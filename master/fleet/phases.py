@@ -36,6 +36,7 @@ from master.fleet.leases import (
     bounded_error,
 )
 from master.fleet.roster import FAILURES_BEFORE_HOLD_OFF, WorkerRoster
+from master.fleet.shares import moving_task_seconds
 from neuro.observation_stats import ObservationStats
 
 log = logging.getLogger(__name__)
@@ -188,6 +189,10 @@ class PhaseLoop:
         self.worker_s = 0.0
         """Seconds workers spent on this run's accepted results (each bounded by its lease's
         age), in this process."""
+        self.task_seconds: float | None = None
+        """What one of its tasks keeps a worker busy, lately (a moving average of the accepted
+        results' busy seconds); None until one says. A study's fair share weighs each run's
+        tasks in flight by it (master.fleet.shares)."""
         self.played_ahead = 0
         """Tasks a phase found done when it began, played ahead of it, in this process."""
         self._split: set[str] = set()
@@ -277,7 +282,7 @@ class PhaseLoop:
         finally:
             self._table = None
             if not table.complete:
-                self._ahead = None  # stopped mid-phase: the run plays nothing ahead now
+                self._discard_ahead()  # stopped mid-phase: the run plays nothing ahead now
             self._tables_changed()
             self._roster.phase_ended(self._prefix)
             self._reissued_total += table.reissued
@@ -301,8 +306,14 @@ class PhaseLoop:
     def drop_ahead(self) -> None:
         """Stops playing the next phase's tasks ahead (the run ends, or will not play them)."""
         if self._ahead is not None:
-            self._ahead = None
+            self._discard_ahead()
             self._tables_changed()
+
+    def _discard_ahead(self) -> None:
+        # Its leases re-issued so far happened: they stay in the run's count.
+        if self._ahead is not None:
+            self._reissued_total += self._ahead.reissued
+            self._ahead = None
 
     def _new_table(self, tasks: Sequence[PhaseTask]) -> LeaseTable:
         return LeaseTable(tasks, self.settings.lease_seconds, self.settings.max_attempts,
@@ -323,6 +334,7 @@ class PhaseLoop:
             t.request_key in keys for t in rest
         ):
             log.warning("the tasks played ahead are not this phase's: played again")
+            self._reissued_total += ahead.reissued
             return None
         self.played_ahead += ahead.counters.done
         ahead.add(rest)
@@ -421,7 +433,10 @@ class PhaseLoop:
                         episodes_accepted += len(returns)
                         frames_accepted += frames
                         # NaN and negative are no time; more than the lease's age is not ours.
-                        busy_accepted += min(busy, age) if busy > 0 else 0.0
+                        spent = min(busy, age) if busy > 0 else 0.0
+                        busy_accepted += spent
+                        if spent > 0:
+                            self._note_task_seconds(spent)
                         if table is self._table:
                             self._observations = _plus(self._observations, observations)
                         else:
@@ -438,6 +453,9 @@ class PhaseLoop:
                                     busy_accepted)  # fmt: skip
             self._wake_if_complete()
         return dispositions
+
+    def _note_task_seconds(self, seconds: float) -> None:
+        self.task_seconds = moving_task_seconds(self.task_seconds, seconds)
 
     def heartbeat(self, worker_id: str, task_ids: Iterable[str]) -> list[str]:
         """Extends this worker's leases; the ids it should drop (done, not its own, or of no
@@ -555,11 +573,14 @@ class PhaseLoop:
         return dict(self._interrupted_extras)
 
     def counters(self) -> LeaseCounters:
-        """The running phase's tasks by state, and leases re-issued over the whole run."""
+        """The running phase's tasks by state, and leases re-issued over the whole run: those of
+        the tasks played ahead count when they happen, in the generation that played them, not
+        when the next phase adopts the table."""
+        reissued = self._reissued_total + sum(t.reissued for t in self.tables)
         if self._table is None:
-            return LeaseCounters(0, 0, 0, self._reissued_total)
+            return LeaseCounters(0, 0, 0, reissued)
         c = self._table.counters
-        return LeaseCounters(c.pending, c.leased, c.done, self._reissued_total + c.reissued)
+        return LeaseCounters(c.pending, c.leased, c.done, reissued)
 
     def restore_counters(self, leases_reissued: int) -> None:
         """Continues the run's count of re-issued leases from a checkpoint's."""

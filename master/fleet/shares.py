@@ -1,16 +1,21 @@
 """Which run's tasks a lease call draws from, when one fleet serves several runs (a study).
 
-Fair share: among the runs with pending tasks, the one with the fewest tasks in flight goes
-first (ties: the one served least recently), so no run starves however much work another has,
-and a worker holding no task never goes without one while any run has a pending task. A worker
-asking for several takes them from several runs, levelling their tasks in flight. Within a run
-its tables are drawn from in order: the running phase's before the next phase's tasks played
-ahead (master.algorithms.base.Algorithm.ask_ahead). Backup copies of in-flight tasks, which only
-cut a phase's tail, are leased only once no run has a pending task.
+Fair share: among the runs with pending tasks, the one with the least work in flight goes first
+(ties: the one served least recently), so no run starves however much work another has, and a
+worker holding no task never goes without one while any run has a pending task. Work in flight
+is a run's tasks in flight times what one of its tasks keeps a worker busy (set_task_seconds,
+from the results' busy seconds): runs share the fleet's time, not its task count. Counting
+tasks alone starved a run of short tasks beside runs of long ones: a worker plays the task it
+holds beyond the running one only once that ends, so a 1 ms task of a toy task waited behind a
+seconds-long Atari episode for each of its turns (a 0.3 s generation took 50 s on 2 workers).
+A worker asking for several takes them from several runs, levelling their work in flight.
+Within a run its tables are drawn from in order: the running phase's before the next phase's
+tasks played ahead (master.algorithms.base.Algorithm.ask_ahead). Backup copies of in-flight
+tasks, which only cut a phase's tail, are leased only once no run has a pending task.
 
 A lease call costs little however many runs are served (a study serves 65 at once, and a big
 fleet makes thousands of calls a second): the picker keeps each run's pending and in-flight
-totals, and the runs with pending tasks in a heap ordered by (in flight, last served). Tables
+totals, and the runs with pending tasks in a heap ordered by (work in flight, last served). Tables
 change behind its back (reports, lapsed leases, a worker gone), so each call first compares
 every table's change count (LeaseTable.changes) with the one it last read, in one pass, and
 reads again only the runs whose tables moved.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import operator
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -51,6 +57,18 @@ class Leasable(Protocol):
 
 T = TypeVar("T", bound=Leasable)
 
+TASK_SECONDS_STEP = 0.05
+"""A run's seconds per task moving by less than this share keeps its place in the heap."""
+TASK_SECONDS_WEIGHT = 0.1
+"""Each result's share of a run's moving average of seconds per task: about the last twenty
+results count, so a run whose episodes lengthen as it learns is weighed anew within a
+generation."""
+
+
+def moving_task_seconds(last: float | None, seconds: float) -> float:
+    """A run's seconds per task once a result that kept its worker `seconds` busy counts."""
+    return seconds if last is None else last + TASK_SECONDS_WEIGHT * (seconds - last)
+
 
 @dataclass(frozen=True)
 class Drawn(Generic[T]):
@@ -67,7 +85,7 @@ class _Run(Generic[T]):
     """One run served: its tables and the figures the picker last read of them."""
 
     __slots__ = ("entry", "first", "in_flight", "name", "order", "pending", "queued", "served",
-                 "tables")  # fmt: skip
+                 "tables", "task_s")  # fmt: skip
 
     def __init__(self, name: str, order: int) -> None:
         self.name = name
@@ -80,8 +98,16 @@ class _Run(Generic[T]):
         """Serial of the last lease call that gave it work; 0: never served."""
         self.pending = 0
         self.in_flight = 0
-        self.entry: tuple[int, int, int, _Run[T]] | None = None
-        """Its heap entry, (in flight, served, order, run): entries that are not this are stale."""
+        self.task_s = 1.0
+        """What one of its tasks keeps a worker busy (any unit, the same for every run)."""
+        self.entry: tuple[float, int, int, _Run[T]] | None = None
+        """Its heap entry, (work in flight, served, order, run): entries that are not this are
+        stale."""
+
+    @property
+    def load(self) -> float:
+        """Its work in flight: tasks in flight times the seconds each takes."""
+        return self.in_flight * self.task_s
         self.queued = False
         """Whether `entry` is in the heap."""
 
@@ -98,8 +124,9 @@ class FairShare(Generic[T]):
         """The run of each of `_tables`."""
         self._seen: list[int] = []
         """Each of `_tables`' change count when its figures were last read."""
-        self._heap: list[tuple[int, int, int, _Run[T]]] = []
-        """The runs with pending tasks by (in flight, last served, order), and stale entries."""
+        self._heap: list[tuple[float, int, int, _Run[T]]] = []
+        """The runs with pending tasks by (work in flight, last served, order), and stale
+        entries."""
         self._pending = 0
         self._serial = 0
         self._orders = itertools.count(1)
@@ -125,8 +152,24 @@ class FairShare(Generic[T]):
         state = self._runs.get(run)
         if state is None:
             state = self._runs[run] = _Run(run, next(self._orders))
+            # Until its own results say, its tasks weigh what the others' do on average.
+            known = [s.task_s for s in self._runs.values() if s is not state]
+            state.task_s = sum(known) / len(known) if known else 1.0
         state.tables = tuple(tables)
         self._lay_out()
+        self._refresh(state)
+
+    def set_task_seconds(self, run: str, seconds: float | None) -> None:
+        """What one of a run's tasks keeps a worker busy, lately; its work in flight is its tasks
+        in flight times this. None, 0, NaN or infinite change nothing (nothing measured yet);
+        a change under TASK_SECONDS_STEP keeps the run's place (fewer heap entries)."""
+        state = self._runs.get(run)
+        if state is None or seconds is None or not (0 < seconds < math.inf):
+            return
+        if abs(seconds - state.task_s) <= TASK_SECONDS_STEP * state.task_s:
+            return
+        self._sync()
+        state.task_s = seconds
         self._refresh(state)
 
     def remove(self, run: str) -> None:
@@ -154,7 +197,7 @@ class FairShare(Generic[T]):
         workers: Collection[str] = (),
         excluded: Collection[str] = (),
     ) -> list[Drawn[T]]:
-        """Up to `max_tasks` pending tasks, from the runs with the fewest in flight; backup
+        """Up to `max_tasks` pending tasks, from the runs with the least work in flight; backup
         copies (at most one call's worth of one table) only if no run has a pending task.
 
         `fleet_slots`: how many tasks the workers asking for work ask for together (0: unknown):
@@ -207,12 +250,12 @@ class FairShare(Generic[T]):
         return drawn
 
     def _first(self, count: int, skipped: Collection[str]) -> list[_Run[T]]:
-        """Up to `count` runs with pending tasks, none of `skipped`, fewest in flight first
+        """Up to `count` runs with pending tasks, none of `skipped`, least work in flight first
         (ties: least recently served, then first added). Levelling `count` tasks gives to these
         alone: a run is first given one only once every run before it was."""
         heap = self._heap
         found: list[_Run[T]] = []
-        looked_at: list[tuple[int, int, int, _Run[T]]] = []
+        looked_at: list[tuple[float, int, int, _Run[T]]] = []
         while heap:
             entry = heap[0]
             state = entry[3]
@@ -285,9 +328,9 @@ class FairShare(Generic[T]):
             self._seen[i] = table.changes
         self._pending += pending - state.pending
         state.pending, state.in_flight = pending, in_flight
-        entry = state.entry
-        if entry is None or entry[0] != in_flight or entry[1] != state.served:
-            state.entry = (in_flight, state.served, state.order, state)
+        entry, load = state.entry, state.load
+        if entry is None or entry[0] != load or entry[1] != state.served:
+            state.entry = (load, state.served, state.order, state)
             state.queued = False
         if pending and not state.queued:
             self._push(state)
@@ -319,12 +362,12 @@ class FairShare(Generic[T]):
 
 
 def _levelled(runs: list[_Run[T]], wanted: int) -> dict[_Run[T], int]:
-    """How many of `wanted` tasks each run gives: one at a time to the run with the fewest in
-    flight (counting those given), the least recently served first, each run at most its
+    """How many of `wanted` tasks each run gives: one at a time to the run with the least work
+    in flight (counting those given), the least recently served first, each run at most its
     pending tasks."""
     if len(runs) == 1:
         return {runs[0]: min(wanted, runs[0].pending)}
-    heap = [(s.in_flight, s.served, s.order, s) for s in runs]
+    heap = [(s.load, s.served, s.order, s) for s in runs]
     heapq.heapify(heap)
     given: dict[_Run[T], int] = {}
     while heap and wanted > 0:
@@ -332,5 +375,5 @@ def _levelled(runs: list[_Run[T]], wanted: int) -> dict[_Run[T], int]:
         given[state] = given.get(state, 0) + 1
         wanted -= 1
         if given[state] < state.pending:
-            heapq.heappush(heap, (level + 1, served, order, state))
+            heapq.heappush(heap, (level + state.task_s, served, order, state))
     return given

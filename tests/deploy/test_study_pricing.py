@@ -73,10 +73,10 @@ def test_the_paper_table_on_a_fleet_of_1000(capsys: pytest.CaptureFixture[str]) 
                               "1000", "--price", "0.02", "--json")  # fmt: skip
     assert code == 0, err
     result = json.loads(out)
-    assert result["budget"]["runs"] == 65 and result["budget"]["max_concurrent_runs"] == 13
+    assert result["budget"]["runs"] == 65 and result["budget"]["max_concurrent_runs"] == 65
     assert result["cost"]["frames"] == 65e9
     vcpu_hours = 65e9 / (data_figure() * 3600)
-    line = fleet.timeline([vcpu_hours / 65] * 65, 13, 1000, fleet.utilisation_table())
+    line = fleet.timeline([vcpu_hours / 65] * 65, 65, 1000, fleet.utilisation_table())
     assert result["cost"]["vcpu_hours"] == pytest.approx(vcpu_hours)
     assert result["cost"]["utilisation"] == pytest.approx(line.utilisation)
     assert result["cost"]["wall_hours"] == pytest.approx(line.wall_hours)

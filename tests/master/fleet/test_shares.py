@@ -318,14 +318,22 @@ class Recomputing:
     def __init__(self) -> None:
         self.tables: dict[str, list[LeaseTable]] = {}
         self.served: dict[str, int] = {}
+        self.task_s: dict[str, float] = {}
         self.serial = 0
 
     def set_tables(self, run: str, tables: list[LeaseTable]) -> None:
+        if run not in self.tables:
+            known = list(self.task_s.values())
+            self.task_s[run] = sum(known) / len(known) if known else 1.0
         self.tables[run] = tables
         self.served.setdefault(run, 0)
 
+    def set_task_seconds(self, run: str, seconds: float) -> None:
+        if run in self.task_s and abs(seconds - self.task_s[run]) > 0.05 * self.task_s[run]:
+            self.task_s[run] = seconds
+
     def remove(self, run: str) -> None:
-        del self.tables[run], self.served[run]
+        del self.tables[run], self.served[run], self.task_s[run]
 
     def pending(self, run: str | None = None) -> int:
         runs = self.tables if run is None else [run]
@@ -334,8 +342,9 @@ class Recomputing:
     def in_flight(self, run: str) -> int:
         return sum(t.counters.leased for t in self.tables[run])
 
-    def key(self, run: str) -> tuple[int, int, int]:
-        return self.in_flight(run), self.served[run], list(self.tables).index(run)
+    def key(self, run: str) -> tuple[float, int, int]:
+        load = self.in_flight(run) * self.task_s[run]
+        return load, self.served[run], list(self.tables).index(run)
 
     def lease(self, worker, wanted, now, slots, excluded) -> list[tuple[str, list[str], bool]]:
         if slots and self.pending():
@@ -346,14 +355,15 @@ class Recomputing:
                           key=self.key)  # fmt: skip
             if not runs:
                 break
-            levels = {run: self.in_flight(run) for run in runs}
+            levels = {run: self.key(run)[0] for run in runs}
             given: dict[str, int] = {}
             for _ in range(wanted):  # one at a time to the lowest level, least recent first
                 open_runs = [r for r in runs if given.get(r, 0) < self.pending(r)]
                 if not open_runs:
                     break
-                run = min(open_runs, key=lambda r: (levels[r] + given.get(r, 0), self.key(r)[1:]))
+                run = min(open_runs, key=lambda r: (levels[r], self.key(r)[1:]))
                 given[run] = given.get(run, 0) + 1
+                levels[run] += self.task_s[run]
             for run, count in given.items():
                 granted = 0
                 for t in self.tables[run]:
@@ -443,6 +453,11 @@ def test_its_decisions_are_those_recomputed_from_the_tables_at_every_call(seed: 
                     t.expire(now)
                 else:
                     t.add([PhaseTask(f"{run}/x{now}", "x", GENOME, 1, 0)])
+        elif step < 0.89 and run in worlds:
+            # Its tasks' seconds as the results tell them (dyadic: the same sums both ways).
+            seconds = float(rng.choice([0.25, 0.5, 1.0, 2.0, 8.0]))
+            share.set_task_seconds(run, seconds)
+            plain.set_task_seconds(run, seconds)
         elif step < 0.93:
             new_tables(run)  # a new run, or a run's next phase
         elif run in worlds and len(worlds) > 1:

@@ -110,6 +110,42 @@ def test_no_run_starves_and_backups_wait_until_no_run_has_pending_work() -> None
     with_runs(scenario, {"a": 10, "b": 2})
 
 
+@pytest.mark.parametrize("long_s", [3.0, 30.0])
+def test_a_run_of_short_tasks_beside_runs_of_long_ones_is_not_kept_waiting(long_s: float) -> None:
+    """Two workers, each playing one task and holding one more (prefetched) that starts when
+    the running one ends, as a per-genome worker does. Two runs of long Atari-like tasks and one
+    of 1 ms tasks: the short run's 60 tasks are done within about one long task, since its
+    work in flight weighs its tasks' seconds (the picker once counted tasks, and each short
+    task waited behind a long one: about 30 long tasks' time), and the long runs are never
+    left without a task running meanwhile."""
+    seconds = {"a": long_s, "b": long_s, "short": 0.001}
+
+    async def scenario(fleet: Fleet, runs: dict[str, RunFleet], clock: Clock) -> None:
+        queues: dict[str, list[str]] = {"w0": [], "w1": []}
+        ends: dict[str, float] = {}
+        for worker, queue in queues.items():
+            queue += [t.task_id for t in fleet.lease(worker, 2)]
+        for worker, queue in queues.items():
+            ends[worker] = clock.now + seconds[queue[0].partition("|")[0]]
+        done_at = None
+        while done_at is None:
+            assert clock.now < 100 * long_s
+            worker = min(ends, key=ends.__getitem__)  # the next task to end
+            clock.now = ends[worker]
+            queue = queues[worker]
+            task_id = queue.pop(0)
+            run = task_id.partition("|")[0]
+            fleet.report_many(worker, [outcome(task_id, busy_s=seconds[run])])
+            if runs["short"].counters().done == 60:
+                done_at = clock.now
+            queue += [t.task_id for t in fleet.lease(worker, 2 - len(queue))]
+            ends[worker] = clock.now + seconds[queue[0].partition("|")[0]]
+            assert any(q and not q[0].startswith("short|") for q in queues.values())
+        assert done_at < 2.5 * long_s
+
+    with_runs(scenario, {"a": 40, "b": 40, "short": 60})
+
+
 def test_a_run_a_worker_cannot_serve_is_left_to_others() -> None:
     async def scenario(fleet: Fleet, runs: dict[str, RunFleet], clock: Clock) -> None:
         granted = fleet.lease_runs("w", 4, excluded=["a"])
@@ -196,6 +232,49 @@ def test_tasks_played_ahead_wait_for_the_phase_and_become_the_next_one() -> None
     outcome_ = asyncio.run(main())
     assert sorted(outcome_.returns) == ["g1/o/0", "g1/o/1", "g1/o/2"]
     assert outcome_.episodes == 3 and outcome_.frames == 30
+
+
+def test_a_lease_of_a_task_played_ahead_lost_with_its_worker_counts_once_when_it_happens() -> None:
+    """A run's per-generation figure of re-issued leases is the difference of counters() at its
+    ends: a task played ahead and lost during the elite phase counts in that generation, and
+    not again when the next phase adopts the table (nor not at all, as it once did)."""
+    clock = Clock()
+    fleet = Fleet(FleetSettings(run_id="a", run_seed=3, lease_seconds=LEASE_S), clock)
+    elite = [EvaluationRequest("g0/e/0", Genome((1,)), 1)]
+    offspring = requests("g1/o", 2)
+
+    async def main() -> None:
+        phase = asyncio.ensure_future(fleet.evaluate(elite, ahead=offspring))
+        await asyncio.sleep(0)
+        assert [t.task_id for t in fleet.lease("w", 1)] == ["g0/e/0/0"]
+        assert [t.task_id for t in fleet.lease("v", 1)] == ["g1/o/0/0"]
+        assert fleet.counters().reissued == 0
+        assert fleet.worker_gone("v") == 1  # v dies holding a task played ahead
+        assert fleet.counters().reissued == 1
+        fleet.report_many("w", [outcome("g0/e/0/0")])
+        await asyncio.wait_for(phase, 1.0)
+        assert fleet.counters().reissued == 1
+        nxt = asyncio.ensure_future(fleet.evaluate(offspring))
+        await asyncio.sleep(0)
+        assert fleet.counters().reissued == 1  # adopted, not counted again
+        leased = [t.task_id for t in fleet.lease("w", 2)]
+        assert sorted(leased) == ["g1/o/0/0", "g1/o/1/0"]
+        fleet.report_many("w", [outcome(task_id) for task_id in leased])
+        await asyncio.wait_for(nxt, 1.0)
+        assert fleet.counters().reissued == 1
+        # A table played ahead and then dropped keeps what it re-issued in the run's count.
+        last = asyncio.ensure_future(fleet.evaluate(requests("g2/e", 1), ahead=requests("g3/o", 1)))
+        await asyncio.sleep(0)
+        assert [t.task_id for t in fleet.lease("u", 2)] == ["g2/e/0/0", "g3/o/0/0"]
+        fleet.worker_gone("u")
+        assert fleet.counters().reissued == 3
+        fleet.drop_ahead()
+        assert fleet.counters().reissued == 3
+        last.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await last
+
+    asyncio.run(main())
 
 
 def test_tasks_played_ahead_that_the_next_phase_does_not_ask_for_are_played_again() -> None:
