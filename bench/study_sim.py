@@ -35,10 +35,10 @@ from bench.fleet_sim import (
     SLOW_SHARE,
     SPEED_SIGMA,
 )
-from master.fleet.leases import Disposition, LeaseTable, PhaseTask
+from master.fleet.leases import Disposition, LeaseTable, PhaseTask, moving_task_seconds
 from master.fleet.pacing import IDLE_POLLS_PER_S
 from master.fleet.phases import FleetSettings
-from master.fleet.shares import FairShare, moving_task_seconds
+from master.fleet.shares import FairShare
 from neuro.genome import Genome
 
 FRAME_SKIP = 4

@@ -677,6 +677,17 @@ class LeaseTable:
             self.changes += 1
 
 
+TASK_SECONDS_WEIGHT = 0.1
+"""Each result's share of a run's moving average of seconds per task (the fair share's weight,
+master.fleet.shares): about the last twenty results count, so a run whose episodes lengthen as
+it learns is weighed anew within a generation."""
+
+
+def moving_task_seconds(last: float | None, seconds: float) -> float:
+    """A run's seconds per task once a result that kept its worker `seconds` busy counts."""
+    return seconds if last is None else last + TASK_SECONDS_WEIGHT * (seconds - last)
+
+
 def bounded_error(error: str) -> str:
     """A worker's error text cut to MAX_ERROR_CHARS, marked where it was cut."""
     if len(error) <= MAX_ERROR_CHARS:

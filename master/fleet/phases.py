@@ -34,9 +34,9 @@ from master.fleet.leases import (
     LeaseTable,
     PhaseTask,
     bounded_error,
+    moving_task_seconds,
 )
 from master.fleet.roster import FAILURES_BEFORE_HOLD_OFF, WorkerRoster
-from master.fleet.shares import moving_task_seconds
 from neuro.observation_stats import ObservationStats
 
 log = logging.getLogger(__name__)

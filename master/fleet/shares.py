@@ -59,15 +59,6 @@ T = TypeVar("T", bound=Leasable)
 
 TASK_SECONDS_STEP = 0.05
 """A run's seconds per task moving by less than this share keeps its place in the heap."""
-TASK_SECONDS_WEIGHT = 0.1
-"""Each result's share of a run's moving average of seconds per task: about the last twenty
-results count, so a run whose episodes lengthen as it learns is weighed anew within a
-generation."""
-
-
-def moving_task_seconds(last: float | None, seconds: float) -> float:
-    """A run's seconds per task once a result that kept its worker `seconds` busy counts."""
-    return seconds if last is None else last + TASK_SECONDS_WEIGHT * (seconds - last)
 
 
 @dataclass(frozen=True)
