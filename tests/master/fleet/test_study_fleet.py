@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -110,28 +111,29 @@ def test_no_run_starves_and_backups_wait_until_no_run_has_pending_work() -> None
     with_runs(scenario, {"a": 10, "b": 2})
 
 
-@pytest.mark.parametrize("long_s", [3.0, 30.0])
+@pytest.mark.parametrize("long_s", [2.0, 8.0])  # within a lease (LEASE_S)
 def test_a_run_of_short_tasks_beside_runs_of_long_ones_is_not_kept_waiting(long_s: float) -> None:
     """Two workers, each playing one task and holding one more (prefetched) that starts when
-    the running one ends, as a per-genome worker does. Two runs of long Atari-like tasks and one
-    of 1 ms tasks: the short run's 60 tasks are done within about one long task, since its
-    work in flight weighs its tasks' seconds (the picker once counted tasks, and each short
-    task waited behind a long one: about 30 long tasks' time), and the long runs are never
-    left without a task running meanwhile."""
+    the running one ends, as a per-genome worker does. Two runs of long Atari-like tasks fill
+    them; then a run of 1 ms tasks asks too: its 60 tasks are done once the long tasks held
+    ahead of its first ones end, since its work in flight weighs its tasks' seconds (the picker
+    once counted tasks, and the short run was done only after all 80 long tasks), while the
+    long tasks each worker held go on."""
     seconds = {"a": long_s, "b": long_s, "short": 0.001}
 
     async def scenario(fleet: Fleet, runs: dict[str, RunFleet], clock: Clock) -> None:
         queues: dict[str, list[str]] = {"w0": [], "w1": []}
         ends: dict[str, float] = {}
-        for worker, queue in queues.items():
-            queue += [t.task_id for t in fleet.lease(worker, 2)]
+        for worker, queue in queues.items():  # the short run's phase is not open yet
+            queue += [t.task_id for g in fleet.lease_runs(worker, 2, ["short"]) for t in g.tasks]
         for worker, queue in queues.items():
             ends[worker] = clock.now + seconds[queue[0].partition("|")[0]]
         done_at = None
-        while done_at is None:
-            assert clock.now < 100 * long_s
+        while done_at is None and any(queues.values()):
             worker = min(ends, key=ends.__getitem__)  # the next task to end
             clock.now = ends[worker]
+            for holder, held in queues.items():  # heartbeats: no lease lapses meanwhile
+                fleet.heartbeat(holder, held)
             queue = queues[worker]
             task_id = queue.pop(0)
             run = task_id.partition("|")[0]
@@ -139,9 +141,12 @@ def test_a_run_of_short_tasks_beside_runs_of_long_ones_is_not_kept_waiting(long_
             if runs["short"].counters().done == 60:
                 done_at = clock.now
             queue += [t.task_id for t in fleet.lease(worker, 2 - len(queue))]
-            ends[worker] = clock.now + seconds[queue[0].partition("|")[0]]
-            assert any(q and not q[0].startswith("short|") for q in queues.values())
-        assert done_at < 2.5 * long_s
+            ends[worker] = clock.now + seconds[queue[0].partition("|")[0]] if queue else math.inf
+        long_done = runs["a"].counters().done + runs["b"].counters().done
+        # The two long tasks each worker held when it began, then its own 60 tasks (once run
+        # after the long runs' 80, at 40 long tasks' time).
+        assert done_at is not None and done_at < 2.5 * long_s, (done_at, long_done)
+        assert long_done == 4
 
     with_runs(scenario, {"a": 40, "b": 40, "short": 60})
 
