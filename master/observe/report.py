@@ -78,6 +78,9 @@ class RunOutcome:
     core_hours_estimated: bool
     curve: tuple[tuple[float, float], ...]
     """(frames, elite score) per generation that has an elite score."""
+    mean_curve: tuple[tuple[float, float], ...]
+    """(frames, the population's mean score) per generation that has one: learning shows in it
+    where the elite is at a task's cap from the first generation (CartPole)."""
     problems: tuple[str, ...]
     """What is missing or damaged in the run dir, one phrase each."""
 
@@ -148,6 +151,10 @@ class EnvSummary:
 
     def band(self, points: int = 200) -> Band | None:
         return curve_band([run.curve for run in self.runs], points)
+
+    def mean_band(self, points: int = 200) -> Band | None:
+        """The population's mean score over seeds, as band() the elite's."""
+        return curve_band([run.mean_curve for run in self.runs], points)
 
 
 def median_range(values: Sequence[float]) -> tuple[float, float, float] | None:
@@ -266,12 +273,7 @@ def read_run(entry: RunEntry, throughput: dict[str, float] | None = None) -> Run
     core_hours, estimated = _core_hours(
         last, config, frames, problems, throughput if throughput is not None else throughputs()
     )
-    curve = tuple(
-        (float(record["frames"]), elite)
-        for record in records
-        if (elite := _number(record.get("elite_score"))) is not None
-        and _number(record.get("frames")) is not None
-    )
+    curve, mean_curve = _curve(records, "elite_score"), _curve(records, "score_mean")
     return RunOutcome(
         name=entry.name,
         path=path,
@@ -287,7 +289,18 @@ def read_run(entry: RunEntry, throughput: dict[str, float] | None = None) -> Run
         core_hours=core_hours,
         core_hours_estimated=estimated,
         curve=curve,
+        mean_curve=mean_curve,
         problems=tuple(problems),
+    )
+
+
+def _curve(records: Sequence[dict[str, Any]], key: str) -> tuple[tuple[float, float], ...]:
+    """(frames, records' `key`) for each record that has both."""
+    return tuple(
+        (float(record["frames"]), value)
+        for record in records
+        if (value := _number(record.get(key))) is not None
+        and _number(record.get("frames")) is not None
     )
 
 
@@ -446,8 +459,8 @@ def summarise(runs: Sequence[RunOutcome], published: Published) -> list[EnvSumma
 
 
 def curve_band(curves: Sequence[Sequence[tuple[float, float]]], points: int = 200) -> Band | None:
-    """Median and spread over runs of the elite score against frames, each run interpolated
-    linearly onto a common grid of frames it reached; None where no run has a curve."""
+    """Median and spread over runs of a score against frames, each run interpolated linearly
+    onto a common grid of frames it reached; None where no run has a curve."""
     curves = [sorted(curve) for curve in curves if curve]
     if not curves:
         return None

@@ -166,7 +166,8 @@ def markdown(report: Report, curves: dict[int, str] | None) -> str:
         lines += [
             "The elite score against frames: median over the runs, the band their "
             "min-max (interquartile range from 4 runs); each run interpolated onto a "
-            "common grid of frames, up to its own last frame.",
+            "common grid of frames, up to its own last frame. The dashed line is the "
+            "population's mean score, median over the runs.",
             "",
         ]
         for index, name in curves.items():
@@ -272,7 +273,7 @@ def report_document(report: Report, curves: dict[int, str] | None) -> dict[str, 
     for index, summary in enumerate(summaries):
         scores, frames = median_range(summary.scores), median_range(summary.frames)
         generations = median_range(summary.generations)
-        band = summary.band()
+        band, mean_band = summary.band(), summary.mean_band()
         envs.append(
             {
                 "env_id": summary.env_id,
@@ -308,6 +309,9 @@ def report_document(report: Report, curves: dict[int, str] | None) -> dict[str, 
                 else {"median": generations[0], "min": generations[1], "max": generations[2]},
                 "published": summary.published,
                 "curve": None if band is None else _band_document(band, (curves or {}).get(index)),
+                "mean_curve": None
+                if mean_band is None
+                else _band_document(mean_band, (curves or {}).get(index)),
             }
         )
     return {
@@ -432,8 +436,8 @@ def plot_curves(
         full = [count == most for count in band.runs]
         partial = [not f for f in full]
         for where, alpha, style, label in (
-            (full, 0.25, "-", f"median of {most} runs"),
-            (partial, 0.1, ":", "median of fewer runs (the others end before)"),
+            (full, 0.25, "-", f"elite, median of {most} runs"),
+            (partial, 0.1, ":", "elite, median of fewer runs (the others end before)"),
         ):
             if not any(where):
                 continue
@@ -443,6 +447,10 @@ def plot_curves(
             axes.plot(band.frames, median, color="C0", linestyle=style, label=label)
         axes.fill_between([], [], [], color="C0", alpha=0.25, lw=0,
                           label=f"{band.spread} over runs")  # fmt: skip
+        mean = summary.mean_band()
+        if mean is not None:
+            axes.plot(mean.frames, mean.median, color="C2", lw=1, linestyle="--",
+                      label="population mean (median of runs)")  # fmt: skip
         paper = (summary.published or {}).get(PAPER_COLUMN)
         if paper is not None:
             axes.axhline(
@@ -452,7 +460,7 @@ def plot_curves(
                 lw=1,
                 label=f"paper's GA at 1B frames: {paper:,.0f}",
             )
-        axes.set(title=_label(summary), xlabel="emulator frames", ylabel="elite score")
+        axes.set(title=_label(summary), xlabel="emulator frames", ylabel="score")
         axes.xaxis.set_major_formatter(EngFormatter())
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")

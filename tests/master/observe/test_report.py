@@ -215,6 +215,11 @@ def test_curve_json_is_the_median_and_range_over_seeds(
     assert curve["frames"][0] == 1000 and curve["frames"][-1] == 3000
     assert curve["median"][0] == 20.0 and curve["median"][-1] == CARTPOLE_LAST_ELITE
     assert curve["low"] == curve["median"] == curve["high"] and set(curve["runs"]) == {3}
+    # The population's mean score per generation (write_run: half the elite's), drawn in the
+    # same picture.
+    mean = document["envs"][1]["mean_curve"]
+    assert mean["file"] == curve["file"] and mean["frames"] == curve["frames"]
+    assert mean["median"][0] == 10.0 and mean["median"][-1] == CARTPOLE_LAST_ELITE / 2
 
 
 def test_setting_labels_are_rows_of_their_own(
