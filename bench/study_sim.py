@@ -97,6 +97,8 @@ class SimRun:
     generation_ends: list[float] = field(default_factory=list)
     task_s: float | None = None
     """Its seconds per task as the master averages them from results (the picker's weight)."""
+    elite_frames: int = 0
+    """Its last elite phase's frames: the trainer's guess of what the running one adds."""
 
     @property
     def leased_tables(self) -> list[LeaseTable]:
@@ -237,7 +239,8 @@ class StudySimulation:
     def _phase_done(self, run: SimRun, t: float) -> None:
         """The run's current phase is complete: its next one, as the trainer goes on."""
         shape = self.shape
-        run.frames += sum(table.frames for table in run.tables)
+        phase_frames = sum(table.frames for table in run.tables)
+        run.frames += phase_frames
         for table in run.tables:
             self._retire(table)
         g = run.generation
@@ -245,11 +248,15 @@ class StudySimulation:
             run.phase = ELITE
             elite_tasks = shape.elite_candidates * shape.elite_episodes
             run.tables = [self._table(run, f"g{g}/e", elite_tasks, run.pools.elite)]
-            if self.overlap and g >= 1:
+            # As master.run.trainer.Trainer._ahead: nothing ahead of the generation that will
+            # likely spend the frames budget.
+            last = run.frames + run.elite_frames >= run.plan.frames
+            if self.overlap and g >= 1 and not last:
                 # The GA draws them at the offspring phase's tell once an elite exists.
                 run.ahead = self._table(run, f"g{g + 1}/o", shape.population - 1,
                                         run.pools.offspring)  # fmt: skip
         elif run.phase == ELITE:
+            run.elite_frames = phase_frames
             run.generation_ends.append(t)
             self.useful_at.append((t, self.useful_s))
             if run.frames >= run.plan.frames:

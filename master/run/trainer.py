@@ -61,10 +61,14 @@ class Budget:
     frames: int | None = None
     target_score: float | None = None
 
+    def spent_by(self, frames: int) -> bool:
+        """Whether `frames` spend the frames budget (the other bounds aside)."""
+        return self.frames is not None and frames >= self.frames
+
     def exhausted(self, generation: int, frames: int, elite_score: float) -> bool:
         if self.generations is not None and generation >= self.generations:
             return True
-        if self.frames is not None and frames >= self.frames:
+        if self.spent_by(frames):
             return True
         return (
             self.target_score is not None
@@ -122,6 +126,9 @@ class Trainer:
         self._recorded_extras: dict[str, TaskExtras] = {}
         self.overlap = overlap
         self.final_test = final_test
+        self._phase_frames: dict[str, int] = {}
+        """The frames each phase of the algorithm played last time (by phase name): what the
+        running one will likely add, to tell the last generation before it ends."""
         self._worker_s_before = 0.0
         """Worker-seconds of the run's earlier master processes (from the checkpoint)."""
         if resume is not None:
@@ -305,6 +312,12 @@ class Trainer:
         generations = self.budget.generations
         if generations is not None and self.algorithm.generation + 1 >= generations:
             return []
+        # Nor where this phase will likely spend the frames budget: offspring played ahead of
+        # a run's last generation are work thrown away, and at a study's end the fleet plays
+        # them instead of other runs' tasks. A guess from the phase's last frames: if it is
+        # wrong, the next generation runs without the overlap and nothing else changes.
+        if self.budget.spent_by(self.frames + self._phase_frames.get(self.algorithm.phase, 0)):
+            return []
         return self.algorithm.ask_ahead()
 
     async def _play_final_test(self) -> None:
@@ -340,9 +353,11 @@ class Trainer:
         while summary is None:
             recorded, self._recorded = self._recorded, {}
             extras, self._recorded_extras = self._recorded_extras, {}
+            phase = self.algorithm.phase
             outcome = await self.fleet.evaluate(
                 self.algorithm.ask(), recorded, extras, ahead=self._ahead()
             )
+            self._phase_frames[phase] = outcome.frames
             self.frames += outcome.frames
             self.evaluations += outcome.episodes
             tail.add(outcome)
