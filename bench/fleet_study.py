@@ -35,7 +35,7 @@ Two commands:
   figure for one run without the overlap.
 
     python -m bench.fleet_study table \\
-        --json bench/results/fleet-study-paper-table-virtual-<date>.json
+        --json bench/results/fleet-study-paper-table-<variant>-virtual-<date>.json
     python -m bench.fleet_study utilisation --json deploy/fleet_utilisation.json
 """
 
@@ -377,8 +377,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--generations",
         type=float,
-        default=3.0,
-        help="utilisation: generations of the longest-episode game per run",
+        default=6.0,
+        # Runs share the fleet's time, so a long-episode game's generation takes as long as
+        # many short-episode ones: with 3, Enduro's first ended after Asterix's last.
+        help="utilisation: generations of the longest-episode game per run (with 3, a run of "
+        "the shortest-episode game could end before its first: no steady state)",
     )
     parser.add_argument("--lengths", choices=(RANDOM, TRAINED), default=RANDOM)
     parser.add_argument("--interleave", action="store_true",
