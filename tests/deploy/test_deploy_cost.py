@@ -234,7 +234,8 @@ def test_the_estimate_is_the_data_file_arithmetic_exactly(
     assert result["throughput"]["frames_per_s_per_vcpu"] == data_figure()
     assert result["cost"]["vcpu_hours"] == vcpu_hours
     assert result["cost"]["workers"] == 16  # the template's WorkerCount default
-    assert result["cost"]["utilisation"] == busy(16)
+    # The same arithmetic, summed in another order: equal to the last bit or two.
+    assert result["cost"]["utilisation"] == pytest.approx(busy(16), rel=1e-12, abs=0)
     assert result["cost"]["wall_hours"] == pytest.approx(vcpu_hours / (16 * busy(16)))
     assert result["worker_price"]["usd"] == price
     assert result["cost"]["worker_usd"] == pytest.approx(vcpu_hours / busy(16) * price)
