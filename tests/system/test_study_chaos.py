@@ -29,7 +29,7 @@ from tests.support.processes import REPO, free_port, spawn_worker, stop_processe
 
 pytestmark = pytest.mark.slow
 
-GENERATIONS = 6
+GENERATIONS = 8
 MAX_WORKER_KILLS = 12
 STUDY = f"""
 name = "chaos"
@@ -57,7 +57,7 @@ name = "cartpole-es"
 settings = {{ algorithm = "es", pairs = 10, eval_episodes = 5 }}
 """
 DEADLINE_S = 300
-ROUND_S = 2.0
+ROUND_S = 1.0
 
 
 def start_master(port: int, study_file: Path, study_dir: Path, log: Path) -> subprocess.Popen:

@@ -77,9 +77,11 @@ def test_a_run_whose_local_workers_all_exit_exits_non_zero(tmp_path: Path):
 
 def test_sigterm_before_the_run_is_complete_exits_with_the_signals_status(tmp_path: Path):
     port, run_dir = free_port(), tmp_path / "run"
+    # A checkpoint within a second of serving (the default waits 30 s for the first).
     master = subprocess.Popen([*MASTER, *TINY_CARTPOLE_ARGS, "--port", str(port), "--run-dir",
-                               str(run_dir), "--quiet"], env=worker_env(), cwd=REPO,
-                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+                               str(run_dir), "--quiet", "--checkpoint-seconds", "1"],
+                              env=worker_env(), cwd=REPO, stderr=subprocess.PIPE,
+                              text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while not (run_dir / "checkpoint.json").exists():  # serving, and no worker comes

@@ -23,19 +23,23 @@ def test_the_latest_two_versions_are_kept_read_only_and_a_missing_one_is_named()
 
 
 def test_a_reader_sees_whole_versions_while_the_link_thread_stores_more() -> None:
+    # Enough versions for many overlapping puts and gets; the reader's scans contend for the
+    # GIL with the writer, so on a loaded machine the time grows fast with this (2,000 versions
+    # took 28 s on a busy 2-core CI machine).
+    VERSIONS = 500
     store = EsParameterStore()
     store.put(0, np.zeros(1000, np.float32))
     done = threading.Event()
 
     def fetch() -> None:
-        for version in range(1, 2000):
+        for version in range(1, VERSIONS):
             store.put(version, np.full(1000, version, np.float32))
         done.set()
 
     thread = threading.Thread(target=fetch)
     thread.start()
     while not done.is_set():
-        for version in range(2000):
+        for version in range(VERSIONS):
             if store.has(version):
                 try:
                     theta = store.get(version)
@@ -44,7 +48,8 @@ def test_a_reader_sees_whole_versions_while_the_link_thread_stores_more() -> Non
                 assert np.all(theta == version)
                 break
     thread.join()
-    assert store.has(1999) and store.has(1998) and not store.has(1997)
+    last = VERSIONS - 1
+    assert store.has(last) and store.has(last - 1) and not store.has(last - 2)
 
 
 def test_each_runs_versions_are_kept_apart_and_only_the_latest_runs_are_kept() -> None:
