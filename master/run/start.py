@@ -321,22 +321,9 @@ async def run_master(
             file=notice_stream(out),
             flush=True,
         )
-        workers = companions.workers
-        if workers.log is not None and workers.count:
-            plural = "s" if workers.count != 1 else ""
-            print(f"neuro master: {workers.count} local worker{plural}, their log in "
-                  f"{workers.log}", file=notice_stream(out), flush=True)  # fmt: skip
+        announce_local_workers(companions.workers, out)
     training = asyncio.ensure_future(master.trainer.run())
-    loop = asyncio.get_running_loop()
-    signalled: list[int] = []
-
-    def stop(signum: int) -> None:
-        signalled.append(signum)
-        training.cancel()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, stop, signum)
+    signalled = cancel_on_signals(training)
     try:
         companions.workers.start()
         watchdog = asyncio.ensure_future(companions.workers.watch(training))
@@ -351,6 +338,30 @@ async def run_master(
             watchdog.cancel()
     finally:
         await shut_down(master, companions)
+
+
+def announce_local_workers(workers: LocalWorkers, out: TextIO) -> None:
+    """Says where the local workers' lines go, when they go to a log of their own."""
+    if workers.log is not None and workers.count:
+        plural = "s" if workers.count != 1 else ""
+        print(f"neuro master: {workers.count} local worker{plural}, their log in "
+              f"{workers.log}", file=notice_stream(out), flush=True)  # fmt: skip
+
+
+def cancel_on_signals(serving: asyncio.Future) -> list[int]:
+    """Cancels `serving` on SIGINT or SIGTERM; returns the list each signal caught is appended
+    to, for raise_if_unfinished to tell a signal's stop from the caller's cancel."""
+    loop = asyncio.get_running_loop()
+    signalled: list[int] = []
+
+    def stop(signum: int) -> None:
+        signalled.append(signum)
+        serving.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop, signum)
+    return signalled
 
 
 def raise_if_unfinished(

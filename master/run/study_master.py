@@ -4,8 +4,6 @@ single run's master has (local workers, /metrics) and its signals and exit statu
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +24,9 @@ from master.run.start import (
     Companions,
     RunOptions,
     ServeOptions,
+    announce_local_workers,
     bind_port,
+    cancel_on_signals,
     port_in_use,
     raise_if_unfinished,
     raise_open_file_limit,
@@ -126,21 +126,9 @@ async def run_study(
         print(f"neuro master: study {study.name}, {len(study.plans)} runs, at most "
               f"{study.max_concurrent} at once, port {master.port}, study dir "
               f"{study.study_dir}", file=notice, flush=True)  # fmt: skip
-        workers = companions.workers
-        if workers.log is not None and workers.count:
-            print(f"neuro master: {workers.count} local worker(s), their log in {workers.log}",
-                  file=notice, flush=True)  # fmt: skip
+        announce_local_workers(companions.workers, out)
     serving = asyncio.ensure_future(runner.run())
-    loop = asyncio.get_running_loop()
-    signalled: list[int] = []
-
-    def stop(signum: int) -> None:
-        signalled.append(signum)
-        serving.cancel()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, stop, signum)
+    signalled = cancel_on_signals(serving)
     try:
         companions.workers.start()
         watchdog = asyncio.ensure_future(companions.workers.watch(serving))
