@@ -22,17 +22,10 @@ from master.fleet.roster import (
 from master.fleet.service import with_worker_status
 from master.observe.status import format_status
 from neuro.v1 import evolution_pb2 as pb
+from tests.support.clock import Clock
 
 LEASE_S = 60.0
 OOM = "RuntimeError: CUDA out of memory"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def run_phase(

@@ -14,16 +14,9 @@ from master.fleet.fleet import Fleet
 from master.fleet.leases import Disposition, LeaseCounters
 from master.fleet.phases import FleetSettings, TaskOutcome
 from master.fleet.presence import Presence
+from tests.support.clock import Clock
 
 LEASE_S = 10.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def during_a_phase(

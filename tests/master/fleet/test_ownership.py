@@ -29,6 +29,7 @@ from master.observe.status import format_status
 from neuro.observation_stats import ObservationStats
 from neuro.v1 import evolution_pb2 as pb
 from neuro.v1 import evolution_pb2_grpc as pb_grpc
+from tests.support.clock import Clock
 from tests.support.harness import live_master
 from tests.support.tiny import tiny_cartpole
 
@@ -41,14 +42,6 @@ TINY = {"generations": 1, "population_size": POPULATION, "truncation": 2,
         "elite_candidates": 2, "elite_episodes": 2, "target_score": None}  # fmt: skip
 ERROR_CHARS, WORKERS_TRACKED, STATUS_WORKERS = 512, 4096, 256
 """The bounds the issue asks for: kept error text, remembered workers, Status's worker list."""
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def run_phase(

@@ -16,16 +16,9 @@ from master.fleet.fleet import Fleet, RunFleet, qualified
 from master.fleet.leases import Disposition
 from master.fleet.phases import FleetSettings, PhaseOutcome, TaskOutcome, env_seed_for
 from neuro.genome import Genome
+from tests.support.clock import Clock
 
 LEASE_S = 10.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def requests(prefix: str, count: int, episodes: int = 1) -> list[EvaluationRequest]:
