@@ -587,13 +587,7 @@ def _serve_study(
 ) -> int:
     """Serves the opened study to its end; the exit status _study_main describes."""
     from master.run import start
-    from master.run.local_workers import (
-        describe_local_workers,
-        listed_gpus,
-        local_worker_args,
-        pinned_cpus,
-        study_placement,
-    )
+    from master.run.local_workers import study_placement
     from master.run.study import StudyRunPlan
     from master.run.study_master import StudyServing, run_study
 
@@ -603,21 +597,7 @@ def _serve_study(
         for run in study.runs
     ]  # fmt: skip
     networks = [(run.config.inference_dtype, run.config.architecture) for run in study.runs]
-    placement = (args.worker_arg, args.local_workers, *study_placement(networks))
-    worker_cpus = pinned_cpus(args.pin_workers, *placement)
-    if args.local_workers:
-        logging.info(describe_local_workers(*placement, worker_cpus, listed_gpus()))
-    options = start.RunOptions(
-        local_workers=args.local_workers,
-        worker_args=local_worker_args(*placement),
-        worker_cpus=worker_cpus,
-        out=None if args.quiet else sys.stdout,
-        checkpoint_seconds=args.checkpoint_seconds,
-        metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port,
-        overlap=args.overlap,
-        s3_sync_seconds=args.s3_sync_seconds,
-    )
+    options = _run_options(args, *study_placement(networks))
     serving = StudyServing(study.name, plans, study_dir, study.max_concurrent_runs,
                            study_dir.path, mirror)  # fmt: skip
     serve = start.ServeOptions(args.host, args.port, token, tls)
@@ -735,6 +715,23 @@ def _serve(
 ) -> int:
     """Runs the master to the end; 1 (said on stderr) if it could not listen or start."""
     from master.run import start
+
+    serve = start.ServeOptions(args.host, args.port, token, tls)
+    options = _run_options(args, config.inference_dtype, config.architecture, mirror=mirror,
+                           test_episodes=args.test_episodes)  # fmt: skip
+    try:
+        asyncio.run(start.run_master(config, run_dir, serve, options, resume=resume))
+    except (OSError, RuntimeError) as error:
+        print(f"neuro-master: {error}", file=sys.stderr)
+        return getattr(error, "exit_code", 1)  # a run stopped unfinished: start.RunStopped
+    return 0
+
+
+def _run_options(args: argparse.Namespace, *network: Any, **run_only: Any) -> Any:
+    """start.RunOptions from the flags a run and a study share: the local workers placed for
+    the `network` (dtype, architecture) they will run, the output, checkpoints, S3 pacing,
+    /metrics and the overlap; `run_only`: a single run's (its mirror, its final test)."""
+    from master.run import start
     from master.run.local_workers import (
         describe_local_workers,
         listed_gpus,
@@ -742,30 +739,22 @@ def _serve(
         pinned_cpus,
     )
 
-    placement = (args.worker_arg, args.local_workers, config.inference_dtype, config.architecture)
+    placement = (args.worker_arg, args.local_workers, *network)
     worker_cpus = pinned_cpus(args.pin_workers, *placement)
     if args.local_workers:
         logging.info(describe_local_workers(*placement, worker_cpus, listed_gpus()))
-    serve = start.ServeOptions(args.host, args.port, token, tls)
-    options = start.RunOptions(
+    return start.RunOptions(
         local_workers=args.local_workers,
         worker_args=local_worker_args(*placement),
         worker_cpus=worker_cpus,
         out=None if args.quiet else sys.stdout,
         checkpoint_seconds=args.checkpoint_seconds,
-        mirror=mirror,
         s3_sync_seconds=args.s3_sync_seconds,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         overlap=args.overlap,
-        test_episodes=args.test_episodes,
+        **run_only,
     )
-    try:
-        asyncio.run(start.run_master(config, run_dir, serve, options, resume=resume))
-    except (OSError, RuntimeError) as error:
-        print(f"neuro-master: {error}", file=sys.stderr)
-        return getattr(error, "exit_code", 1)  # a run stopped unfinished: start.RunStopped
-    return 0
 
 
 def _s3_mirror(parser: argparse.ArgumentParser, uri: str) -> RunDirMirror:
