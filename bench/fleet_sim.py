@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import heapq
 import itertools
 import json
@@ -96,6 +95,41 @@ MAX_VIRTUAL_S = 7200.0
 """A generation that runs longer than this is a simulation bug, not a result."""
 
 POLL, REPORT, BEAT, DEATH, GONE, TICK = range(6)
+
+
+class SimEvents:
+    """The simulated fleet's events in virtual time, (time, serial, kind, worker, argument) in a
+    heap, and the workers' polls on it: a worker's next poll supersedes the one it had
+    scheduled (poll_token), and the workers whose last lease came back empty are `parked` until
+    something could change that answer (see simulate_generation's `parked`). Shared by this
+    bench and bench/study_sim.py."""
+
+    def __init__(self, workers: int, retry_s: float, grid: list[float], half_rtt: list[float]):
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self._serial = itertools.count()
+        self.poll_token = [0] * workers
+        self.parked: set[int] = set(range(workers))
+        self._retry_s, self._grid, self._half_rtt = retry_s, grid, half_rtt
+
+    def push(self, t: float, kind: int, w: int, arg: int) -> None:
+        heapq.heappush(self.heap, (t, next(self._serial), kind, w, arg))
+
+    def pop(self) -> tuple[float, int, int, int, int]:
+        return heapq.heappop(self.heap)
+
+    def schedule_poll(self, w: int, t: float) -> None:
+        self.poll_token[w] += 1
+        self.push(t, POLL, w, self.poll_token[w])
+
+    def wake_all(self, t: float) -> None:
+        """Each parked worker polls again at its own next retry time (its phase on the retry
+        clock, `grid`), and reaches the master half a round trip later."""
+        retry_s, grid, half_rtt = self._retry_s, self._grid, self._half_rtt
+        for w in self.parked:
+            self.schedule_poll(w, t + (grid[w] * retry_s - t) % retry_s + half_rtt[w])
+        self.parked.clear()
+
+
 NEEDED, ANY = "needed", "any"
 """Who dies: a worker running a task the phase still needs (the default), or any live one."""
 
@@ -221,11 +255,11 @@ def simulate_generation(
     run_token = [0] * workers
     run_started = [0.0] * workers
     inbox: list[list[str]] = [[] for _ in range(workers)]
-    poll_token = [0] * workers
     beating = [False] * workers
     last_ask = [0] * workers
     slots = 0
-    parked: set[int] = set(range(workers))
+    events = SimEvents(workers, retry_s, grid, half_rtt)
+    poll_token, parked = events.poll_token, events.parked
     """Workers whose last lease came back empty. A real one asks again every retry_s; for an
     idle worker the answer stays empty (and changes nothing but expiring lapsed leases) until
     tasks are queued again or a backup candidate appears, which here happens only on a new
@@ -237,35 +271,24 @@ def simulate_generation(
     accepted = dict.fromkeys(steps_of, 0)
     accepted_at: dict[str, tuple[int, float]] = {}
 
-    heap: list[tuple[float, int, int, int, int]] = []
-    seq = itertools.count()
-    push = functools.partial(heapq.heappush, heap)
-    pop = functools.partial(heapq.heappop, heap)
-
-    def schedule_poll(w: int, t: float) -> None:
-        poll_token[w] += 1
-        push((t, next(seq), POLL, w, poll_token[w]))
-
-    def wake_all(t: float) -> None:
-        for w in parked:
-            schedule_poll(w, t + (grid[w] * retry_s - t) % retry_s + half_rtt[w])
-        parked.clear()
+    heap, push, pop = events.heap, events.push, events.pop
+    schedule_poll, wake_all = events.schedule_poll, events.wake_all
 
     def start(w: int, task_id: str, t: float) -> None:
         running[w] = task_id
         run_started[w] = t
         run_token[w] += 1
         finish = t + seconds_of[task_id] * speed[w]
-        push((finish + half_rtt[w], next(seq), REPORT, w, run_token[w]))
+        push(finish + half_rtt[w], REPORT, w, run_token[w])
 
     def holding(w: int, t: float) -> None:
         if not beating[w]:
             beating[w] = True
-            push((t + (grid[w] * HEARTBEAT_IDLE_S - t) % HEARTBEAT_IDLE_S, next(seq), BEAT, w, 0))
+            push(t + (grid[w] * HEARTBEAT_IDLE_S - t) % HEARTBEAT_IDLE_S, BEAT, w, 0)
 
     for index, at in enumerate(sorted(death_times)):
-        push((at, next(seq), DEATH, -1, index))
-    push((0.0, next(seq), TICK, -1, 0))
+        push(at, DEATH, -1, index)
+    push(0.0, TICK, -1, 0)
 
     phase = 0
     table = LeaseTable(phases[0], settings.lease_s, settings.max_attempts, backups=backups)
@@ -376,7 +399,7 @@ def simulate_generation(
                         start(w, inbox[w].pop(0), t + half_rtt[w])
                     parked.discard(w)
                     schedule_poll(w, t + 2 * half_rtt[w])
-            push((t + beat_s, next(seq), BEAT, w, 0))
+            push(t + beat_s, BEAT, w, 0)
         elif kind == DEATH:
             # "needed": a death the phase has to recover from: the victim runs a task still
             # needed (not a copy already recorded elsewhere, nor one of the phase before), else
@@ -403,14 +426,14 @@ def simulate_generation(
                 _needed(task_id, table, accepted) for task_id in [running[victim], *inbox[victim]]
             )
             if detect_s is not None:
-                push((t + detect_s, next(seq), GONE, victim, 0))
+                push(t + detect_s, GONE, victim, 0)
         elif kind == GONE:
             if table.worker_gone(names[w]):
                 wake_all(t)
         else:  # TICK: the parked workers' polls would find lapsed leases
             if parked and table.expire(t):
                 wake_all(t)
-            push((t + EXPIRY_CHECK_S, next(seq), TICK, -1, 0))
+            push(t + EXPIRY_CHECK_S, TICK, -1, 0)
 
     if len(phase_end) != 2:
         raise AssertionError(f"the generation did not end: {table!r}")

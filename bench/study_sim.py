@@ -18,9 +18,6 @@ here: bench/fleet_sim.py measures deaths. Pure: no sockets, no sleeping, no cloc
 
 from __future__ import annotations
 
-import functools
-import heapq
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,12 +25,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.fleet_sim import (
+    BEAT,
     HEARTBEAT_IDLE_S,
+    POLL,
     PREFETCH,
+    REPORT,
     RTT_RANGE_S,
     SLOW_FACTOR,
     SLOW_SHARE,
     SPEED_SIGMA,
+    SimEvents,
 )
 from master.fleet.leases import Disposition, LeaseTable, PhaseTask, moving_task_seconds
 from master.fleet.pacing import IDLE_POLLS_PER_S
@@ -44,7 +45,6 @@ from neuro.genome import Genome
 FRAME_SKIP = 4
 MAX_VIRTUAL_S = 1e9
 """A study still running after this many virtual seconds (31 years) is a simulation bug."""
-POLL, REPORT, BEAT = range(3)
 OFFSPRING, ELITE, TEST, DONE = "offspring", "elite", "test", "done"
 GENOME = Genome((0,))
 
@@ -297,41 +297,30 @@ class StudySimulation:
         run_token = [0] * workers
         run_started = [0.0] * workers
         inbox: list[list[PhaseTask]] = [[] for _ in range(workers)]
-        poll_token = [0] * workers
         beating = [False] * workers
         last_ask = [0] * workers
         slots = backups = lease_calls = 0
-        parked: set[int] = set(range(workers))
-        """Workers whose last lease came back empty (see bench/fleet_sim.py's `parked`): with
-        nobody dying, what they would get changes only when a phase or a run starts, so they
-        are woken then, each at its own next retry time."""
+        events = SimEvents(workers, retry_s, grid, half_rtt)
+        # Parked: workers whose last lease came back empty (see bench/fleet_sim.py's `parked`):
+        # with nobody dying, what they would get changes only when a phase or a run starts, so
+        # they are woken then, each at its own next retry time.
+        poll_token, parked = events.poll_token, events.parked
+        push, pop = events.push, events.pop
+        schedule_poll, wake_all = events.schedule_poll, events.wake_all
         owner, step_s = self.owner, self.step_s
-        heap: list[tuple[float, int, int, int, int]] = []
-        seq = itertools.count()
-        push = functools.partial(heapq.heappush, heap)
-        pop = functools.partial(heapq.heappop, heap)
-
-        def schedule_poll(w: int, t: float) -> None:
-            poll_token[w] += 1
-            push((t, next(seq), POLL, w, poll_token[w]))
-
-        def wake_all(t: float) -> None:
-            for w in parked:
-                schedule_poll(w, t + (grid[w] * retry_s - t) % retry_s + half_rtt[w])
-            parked.clear()
 
         def start(w: int, task: PhaseTask, t: float) -> None:
             running[w] = task
             run_started[w] = t
             run_token[w] += 1
             finish = t + task.env_seed * step_s * speed[w] + half_rtt[w]
-            push((finish, next(seq), REPORT, w, run_token[w]))
+            push(finish, REPORT, w, run_token[w])
 
         def holding(w: int, t: float) -> None:
             if not beating[w]:
                 beating[w] = True
                 offset = (grid[w] * HEARTBEAT_IDLE_S - t) % HEARTBEAT_IDLE_S
-                push((t + offset, next(seq), BEAT, w, 0))
+                push(t + offset, BEAT, w, 0)
 
         def lease(w: int, room: int, t: float) -> list[PhaseTask]:
             """The master's lease call: the picker's fresh tasks, else backup copies."""
@@ -424,7 +413,7 @@ class StudySimulation:
                             start(w, inbox[w].pop(0), t + half_rtt[w])
                         parked.discard(w)
                         schedule_poll(w, t + 2 * half_rtt[w])
-                push((t + beat_s, next(seq), BEAT, w, 0))
+                push(t + beat_s, BEAT, w, 0)
         return StudyFigures(
             workers=workers,
             wall_s=t,
